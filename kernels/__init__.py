@@ -1,0 +1,1 @@
+"""Fused anchor-block attention in Triton (installed as `dflash_nb.kernels`)."""

@@ -1,0 +1,25 @@
+"""Packaging for dflash_nb: metadata and requirements come from settings.ini (nbdev 2)."""
+from configparser import ConfigParser
+from setuptools import find_packages, setup
+
+cfg = ConfigParser(delimiters=["="])
+cfg.read("settings.ini")
+cfg = cfg["DEFAULT"]
+
+setup(
+    name=cfg["lib_name"],
+    version=cfg["version"],
+    description=cfg["description"],
+    author=cfg["author"],
+    license=cfg["license"],
+    python_requires=">=" + cfg["min_python"],
+    # the Triton kernel source lives in the top-level kernels/ folder and is installed as dflash_nb.kernels
+    packages=find_packages(include=["dflash_nb", "dflash_nb.*"]) + ["dflash_nb.kernels"],
+    package_dir={"dflash_nb.kernels": "kernels"},
+    package_data={"dflash_nb": ["demo_data/*"]},
+    include_package_data=True,
+    install_requires=cfg.get("requirements", "").split(),
+    extras_require={"dev": cfg.get("dev_requirements", "").split()},
+    entry_points={"nbdev": [f"{cfg['lib_name']}={cfg['lib_name']}._modidx:d"]},
+    zip_safe=False,
+)
