@@ -1,0 +1,386 @@
+"""Fused anchor-block attention: launcher, tile configurations, autograd Function.
+
+The kernels themselves (and the definition of every symbol: S, N, B, NB, L, CS/CE, own keys, GROUP, BPT,
+ROWS, BLOCK_M, BLOCK_N, T, LSE) are in `_anchor_attn_src.py`. Public entry point:
+
+    anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None)
+
+q (1, H, N*B, D); k, v (1, H_kv, S + N*B, D) with H % H_kv == 0; ctx_start / ctx_end int (N,) from
+`dflash_nb.masks.anchor_context_ranges`. Returns (1, H, N*B, D) in q's dtype; differentiable in q, k, v.
+
+Backward strategy. dQ: one program per (query head, query tile), the same walk as the forward (no atomics).
+dK/dV: one program per (kv head, kv tile) that loops over the query tiles whose union range or own-key range
+overlaps the kv tile (a list built on the host with a few small torch ops, no device sync), and over the GROUP
+query heads sharing the kv head. Every dK/dV element is produced by one program in a fixed order, so the
+gradients are bitwise deterministic (no fp32 atomics), and the GQA reduction over heads is free. The list does
+not assume monotone ranges, so any per-block ranges are handled; with sorted anchors it is contiguous anyway.
+"""
+import importlib.util
+import math
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+__all__ = ["anchor_block_attention_triton", "TileConfig", "CONFIGS", "SMEM_LIMIT", "pick_config",
+           "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem"]
+
+SMEM_LIMIT = 101_376  # bytes of shared memory per block on SM120 (RTX PRO 6000 / RTX 5090); H100/H200 allow 232,448
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    "One kernel's launch shape."
+    block_m: int  # target query rows per tile; the tile holds max(1, block_m // B) whole draft blocks
+    block_n: int  # kv columns per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the kv loop (fwd, dQ) or query-head loop (dK/dV)
+
+
+# Config table, keyed by (head_dim, bytes per input element). Constraints behind every constant:
+# * shared memory: every config must fit SM120's 101,376 bytes. Measured by compiling for sm_90 and sm_120
+#   (tests/test_kernel_compile.py, ptxas from the Triton wheel, no GPU needed) and read from the compiled
+#   metadata at run time in bench/attention.py.
+# * block_m = 64 (4 draft blocks of B = 16): 64 rows keeps the per-row softmax state and the Q/dO tiles of
+#   4 warps in registers; 128 rows would double the Q tile and overflow 101 KB at D >= 128 with pipelining.
+#   Also a tile's union range widens with more blocks (anchors ~16 tokens apart at 512 anchors / 8K tokens,
+#   so 4 blocks add ~64 columns of waste per tile; 8 would add ~128).
+# * block_n: 64 at D <= 128 (K and V tiles 2 x 64 x D x 2 B = 32 KB at D = 128, x2 stages = 64 KB + Q 16 KB);
+#   32 at D = 256, where a 64-wide K/V pair alone is 64 KB per stage.
+# * num_stages 2 wherever two K/V stages fit (hides the global-load latency of the next kv tile); 1 at D = 256
+#   in the backward, where a second stage of Q/dO (2 x 64 x 256 x 2 B = 64 KB) cannot fit next to K/V.
+# * num_warps: 4 for D <= 128 (one warpgroup = one m64 wgmma on Hopper); 8 at D = 256 to halve the
+#   per-thread accumulator (64 x 256 fp32 = 64 KB of registers for O or dK+dV).
+# * dK/dV uses block_m 32 for D >= 128: its resident tiles are K, V, dK, dV (BLOCK_N x D each) plus streamed
+#   Q and dO (BLOCK_M x D), so the query tile is the one that shrinks.
+# fp32 inputs (tests, debugging) use half-size tiles since every element is twice as wide.
+_C = TileConfig
+CONFIGS = {
+    (64, 2): {"fwd": _C(64, 64, 4, 3), "dq": _C(64, 64, 4, 2), "dkdv": _C(64, 64, 4, 2)},
+    (128, 2): {"fwd": _C(64, 64, 4, 2), "dq": _C(64, 64, 4, 2), "dkdv": _C(32, 64, 4, 2)},
+    (256, 2): {"fwd": _C(64, 32, 8, 2), "dq": _C(64, 32, 8, 1), "dkdv": _C(32, 32, 8, 1)},
+    (64, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 2), "dkdv": _C(32, 32, 4, 2)},
+    (128, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 1), "dkdv": _C(16, 32, 4, 1)},
+    (256, 4): {"fwd": _C(16, 16, 4, 1), "dq": _C(16, 16, 4, 1), "dkdv": _C(16, 16, 4, 1)},
+}
+# Other power-of-two head dims (16, 32) borrow the D = 64 row.
+
+_OVERRIDE: dict = {}
+LAUNCHED: dict = {}  # (kernel, head_dim, dtype, BLOCK_M, BLOCK_N, warps, stages, capability) -> shared bytes
+
+
+@contextmanager
+def override_configs(**cfgs):
+    "Temporarily force tile configs, e.g. `override_configs(fwd=TileConfig(16, 16, 1, 1))` (tests, tuning)."
+    old = dict(_OVERRIDE)
+    _OVERRIDE.update(cfgs)
+    try:
+        yield
+    finally:
+        _OVERRIDE.clear()
+        _OVERRIDE.update(old)
+
+
+def _next_pow2(x):
+    return 1 << (max(1, int(x)) - 1).bit_length()
+
+
+def pick_config(kind, head_dim, dtype, block_size):
+    "Return (TileConfig with block_m = BLOCK_M, BPT) for kernel `kind` in ('fwd', 'dq', 'dkdv')."
+    cfg = _OVERRIDE.get(kind)
+    if cfg is None:
+        esize = 4 if dtype == torch.float32 else 2
+        cfg = CONFIGS[(max(64, head_dim), esize)][kind]
+    bpt = max(1, cfg.block_m // block_size)
+    return replace(cfg, block_m=max(16, _next_pow2(bpt * block_size))), bpt
+
+
+# ---------------------------------------------------------------------------------------------- loading
+_VARIANTS: dict = {}
+_SRC = Path(__file__).with_name("_anchor_attn_src.py")
+
+
+def _env_interpret():
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def _use_interpreter(x):
+    "Interpreter for CPU tensors, or everywhere when TRITON_INTERPRET is set in the environment."
+    return x.device.type != "cuda" or _env_interpret()
+
+
+@contextmanager
+def _interpret_env(interpret):
+    "Set TRITON_INTERPRET for the duration of a launch (Triton consults it lazily, e.g. when gluon is imported)."
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def _kernels(interpret):
+    """The kernel module built in interpreter mode or compiled mode. `@triton.jit` reads TRITON_INTERPRET when
+    the decorator runs, so the source is executed once per mode with the variable set for that execution only:
+    importing dflash_nb.kernels never builds kernels, and the order of imports in a test session is irrelevant."""
+    mod = _VARIANTS.get(interpret)
+    if mod is not None:
+        return mod
+    name = "dflash_nb.kernels._anchor_attn_" + ("interp" if interpret else "jit")
+    spec = importlib.util.spec_from_file_location(name, _SRC)
+    mod = importlib.util.module_from_spec(spec)
+    with _interpret_env(interpret):
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+    _VARIANTS[interpret] = mod
+    return mod
+
+
+# ---------------------------------------------------------------------------------------------- plans
+def _tile_ranges(cs, ce, S, N, B, bpt):
+    "Per query tile: union context range [lo, hi) (lo >= hi when empty), int64 (T,)."
+    T = -(-N // bpt)
+    pad = T * bpt - N
+    cs2 = torch.nn.functional.pad(cs.long(), (0, pad)).view(T, bpt)
+    ce2 = torch.nn.functional.pad(ce.long(), (0, pad)).view(T, bpt)
+    live = ce2 > cs2
+    lo = torch.where(live, cs2, S).amin(1)
+    hi = torch.where(live, ce2, 0).amax(1)
+    return lo, hi
+
+
+def _q_tile_order(cs, ce, S, N, B, bpt):
+    "Query tiles sorted by context work, heaviest first (longest-processing-time-first scheduling)."
+    lo, hi = _tile_ranges(cs, ce, S, N, B, bpt)
+    work = (hi - lo).clamp(min=0)
+    return torch.argsort(work, descending=True, stable=True).to(torch.int32).contiguous()
+
+
+def _kv_tile_plan(cs, ce, S, N, B, bpt, block_n):
+    "For each kv tile: the query tiles that can see it (ascending, padded), their count, and a launch order."
+    NB, rows = N * B, bpt * B
+    L = S + NB
+    lo, hi = _tile_ranges(cs, ce, S, N, B, bpt)
+    T = lo.numel()
+    dev = cs.device
+    t = torch.arange(T, device=dev)
+    own_lo, own_hi = S + t * rows, S + torch.clamp((t + 1) * rows, max=NB)
+    n_lo = torch.arange(0, L, block_n, device=dev)
+    n_hi = torch.clamp(n_lo + block_n, max=L)
+    inter = (lo[None] < n_hi[:, None]) & (n_lo[:, None] < hi[None])
+    inter |= (own_lo[None] < n_hi[:, None]) & (n_lo[:, None] < own_hi[None])
+    count = inter.sum(1).to(torch.int32).contiguous()
+    lst = torch.argsort((~inter).to(torch.int8), dim=1, stable=True).to(torch.int32).contiguous()
+    order = torch.argsort(count, descending=True, stable=True).to(torch.int32).contiguous()
+    return lst, count, order, T
+
+
+# ---------------------------------------------------------------------------------------------- launch
+def _record(kern, name, cfg, head_dim, dtype, device):
+    md = getattr(kern, "metadata", None)
+    shared = getattr(md, "shared", None)
+    if shared is None:
+        return
+    cap = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    LAUNCHED[(name, head_dim, str(dtype).replace("torch.", ""), cfg.block_m, cfg.block_n, cfg.num_warps,
+              cfg.num_stages, cap)] = int(shared)
+
+
+def _launch_opts(cfg, interpret):
+    return {} if interpret else {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+
+
+def _check(q, k, v, cs, ce, B):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be 4-d: q (1, H, N*B, D), k/v (1, H_kv, S + N*B, D)")
+    if q.shape[0] != 1 or k.shape[0] != 1 or v.shape[0] != 1:
+        raise ValueError(f"batch dim must be 1 (one packed row), got {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    _, H, NB, D = q.shape
+    HKV, L = k.shape[1], k.shape[2]
+    if k.shape[3] != D:
+        raise ValueError(f"head_dim differs: q {D}, k {k.shape[3]}")
+    if D < 16 or D > 256 or D & (D - 1):
+        raise ValueError(f"head_dim must be a power of two in 16..256, got {D}")
+    if H % HKV:
+        raise ValueError(f"q heads ({H}) must be a multiple of kv heads ({HKV})")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError("q, k, v must be on one device")
+    if B < 1 or NB % B:
+        raise ValueError(f"N*B = {NB} queries is not a multiple of block_size {B}")
+    N = NB // B
+    if cs.shape != (N,) or ce.shape != (N,):
+        raise ValueError(f"ctx_start / ctx_end must have shape ({N},), got {tuple(cs.shape)}, {tuple(ce.shape)}")
+    S = L - NB
+    if S < 0:
+        raise ValueError(f"kv length {L} is shorter than the {NB} block keys")
+    return H, HKV, N, NB, D, S, L
+
+
+def _prep_ranges(cs, ce, S, device):
+    cs = cs.to(device=device, dtype=torch.int32).contiguous()
+    ce = ce.to(device=device, dtype=torch.int32).contiguous()
+    if device.type == "cuda":  # no host sync on the hot path: clamp so a bad range can never read out of bounds
+        cs = cs.clamp(0, S)
+        ce = torch.maximum(ce.clamp(0, S), cs)
+    elif bool(((cs < 0) | (ce < cs) | (ce > S)).any()):
+        raise ValueError(f"context ranges must satisfy 0 <= ctx_start <= ctx_end <= S = {S}")
+    return cs, ce
+
+
+def _last_dim_contig(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def _forward(q, k, v, cs, ce, B, causal, scale):
+    H, HKV, N, NB, D, S, L = _check(q, k, v, cs, ce, B)
+    interpret = _use_interpreter(q)
+    kern = _kernels(interpret)
+    q, k, v = _last_dim_contig(q), _last_dim_contig(k), _last_dim_contig(v)
+    o = torch.empty((1, H, NB, D), device=q.device, dtype=q.dtype)
+    lse = torch.empty((H, NB), device=q.device, dtype=torch.float32)
+    if NB == 0:
+        return o, lse
+    cfg, bpt = pick_config("fwd", D, q.dtype, B)
+    order = _q_tile_order(cs, ce, S, N, B, bpt)
+    grid = (H, order.numel())
+    k_ = kern._fwd[grid](
+        q, k, v, o, lse, cs, ce, order,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2), o.stride(1), o.stride(2),
+        S, NB, H // HKV, scale * 1.4426950408889634,
+        B=B, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D, CAUSAL=bool(causal),
+        UPCAST=interpret, IEEE=q.dtype == torch.float32, **_launch_opts(cfg, interpret))
+    if not interpret:
+        _record(k_, "fwd", cfg, D, q.dtype, q.device)
+    return o, lse
+
+
+def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
+    H, HKV, N, NB, D, S, L = _check(q, k, v, cs, ce, B)
+    interpret = _use_interpreter(q)
+    kern = _kernels(interpret)
+    do = _last_dim_contig(do)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format)
+    dk = torch.empty((1, HKV, L, D), device=k.device, dtype=k.dtype)
+    dv = torch.empty((1, HKV, L, D), device=v.device, dtype=v.dtype)
+    if NB == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = torch.empty((H, NB), device=q.device, dtype=torch.float32)
+    pre_m = 64
+    kern._bwd_preprocess[(H, triton_cdiv(NB, pre_m))](
+        o, do, delta, o.stride(1), o.stride(2), do.stride(1), do.stride(2), NB, BLOCK_M=pre_m, HEAD_DIM=D)
+    common = dict(CAUSAL=bool(causal), UPCAST=interpret, IEEE=q.dtype == torch.float32, HEAD_DIM=D, B=B)
+    qk_scale = scale * 1.4426950408889634
+
+    cfg, bpt = pick_config("dq", D, q.dtype, B)
+    order = _q_tile_order(cs, ce, S, N, B, bpt)
+    k_ = kern._bwd_dq[(H, order.numel())](
+        q, k, v, do, dq, lse, delta, cs, ce, order,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        do.stride(1), do.stride(2), dq.stride(1), dq.stride(2),
+        S, NB, H // HKV, qk_scale, scale,
+        BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **_launch_opts(cfg, interpret))
+    if not interpret:
+        _record(k_, "dq", cfg, D, q.dtype, q.device)
+
+    cfg, bpt = pick_config("dkdv", D, q.dtype, B)
+    lst, count, korder, T = _kv_tile_plan(cs, ce, S, N, B, bpt, cfg.block_n)
+    k_ = kern._bwd_dkdv[(HKV, korder.numel())](
+        q, k, v, do, dk, dv, lse, delta, cs, ce, korder, count, lst,
+        q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
+        do.stride(1), do.stride(2), dk.stride(1), dk.stride(2), dv.stride(1), dv.stride(2),
+        S, NB, L, T, H // HKV, qk_scale, scale,
+        BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **_launch_opts(cfg, interpret))
+    if not interpret:
+        _record(k_, "dkdv", cfg, D, q.dtype, q.device)
+    return dq, dk, dv
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+class _AnchorBlockAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cs, ce, block_size, causal, scale):
+        with _interpret_env(_use_interpreter(q)):
+            o, lse = _forward(q, k, v, cs, ce, block_size, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse, cs, ce)
+        ctx.block_size, ctx.causal, ctx.scale = block_size, causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, cs, ce = ctx.saved_tensors
+        with _interpret_env(_use_interpreter(q)):
+            dq, dk, dv = _backward(do, q, k, v, o, lse, cs, ce, ctx.block_size, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None):
+    """Attention of N draft blocks over their contiguous context range plus their own block keys.
+
+    q (1, H, N*B, D); k, v (1, H_kv, S + N*B, D); ctx_start / ctx_end int (N,) with 0 <= start <= end <= S.
+    Block j's queries see kv [ctx_start[j], ctx_end[j]) and kv S + j*B + (0..B-1) (only slots <= their own
+    with causal_in_block). Returns (1, H, N*B, D) in q's dtype; differentiable in q, k, v."""
+    B = int(block_size)
+    _check(q, k, v, ctx_start, ctx_end, B)
+    D = q.shape[-1]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    S = k.shape[2] - q.shape[2]
+    cs, ce = _prep_ranges(ctx_start, ctx_end, S, q.device)
+    return _AnchorBlockAttention.apply(q, k, v, cs, ce, B, bool(causal_in_block), scale)
+
+
+# ---------------------------------------------------------------------------------------------- AOT compile
+def _signature(fn, kinds):
+    sig = {}
+    for name in fn.arg_names:
+        sig[name] = kinds.get(name, "i32")
+    return sig
+
+
+def compile_for_target(kind, head_dim, dtype=torch.bfloat16, capability=90, block_size=16, causal=False, cfg=None):
+    """Compile one kernel for a CUDA target without a GPU (ptxas ships with Triton) and return the
+    CompiledKernel; `.metadata.shared` is the shared memory it needs. Used by tests and the bench."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kern = _kernels(False)
+    if cfg is None:
+        cfg, bpt = pick_config(kind, head_dim, dtype, block_size)
+    else:
+        bpt = max(1, cfg.block_m // block_size)
+        cfg = replace(cfg, block_m=max(16, _next_pow2(bpt * block_size)))
+    ty = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
+    fn = {"fwd": kern._fwd, "dq": kern._bwd_dq, "dkdv": kern._bwd_dkdv}[kind]
+    ptrs = {n: "*" + ty for n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")}
+    ptrs.update({n: "*fp32" for n in ("LSE", "DELTA")})
+    ptrs.update({n: "*i32" for n in ("CS", "CE", "QT_ORDER", "KT_ORDER", "KT_COUNT", "KT_LIST")})
+    ptrs.update({n: "fp32" for n in ("qk_scale", "sm_scale")})
+    const = dict(B=block_size, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim,
+                 CAUSAL=bool(causal), UPCAST=False, IEEE=dtype == torch.float32)
+    ptrs.update({n: "constexpr" for n in const})
+    src = ASTSource(fn=fn, signature=_signature(fn, ptrs), constexprs=const)
+    return triton.compile(src, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def compiled_smem(kind, head_dim, dtype=torch.bfloat16, capability=90, block_size=16, causal=False, cfg=None):
+    "Shared-memory bytes of one kernel config, from the metadata of an ahead-of-time compile (no GPU needed)."
+    return int(compile_for_target(kind, head_dim, dtype, capability, block_size, causal, cfg).metadata.shared)
