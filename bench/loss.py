@@ -1,0 +1,146 @@
+"""Peak memory and time of the chunked block loss vs the naive (all logits at once) one, forward + backward.
+
+Target shape (DESIGN §7): 512 anchors × 16 slots × 151,936 vocabulary × hidden 4096, bf16 on GPU.
+
+How peak memory is measured, honestly:
+* GPU: `torch.cuda.max_memory_allocated()` minus the memory allocated before the loss (inputs: hidden, lm_head, labels),
+  after `reset_peak_memory_stats()`: the caching allocator's own count of live tensor bytes.
+* CPU: torch has no CPU allocator statistics and tracemalloc does not see torch's buffers, so each variant runs in a
+  fresh subprocess and we read the process's resident-set high-water mark (`VmHWM` in /proc/self/status, reset through
+  /proc/self/clear_refs right before the loss so that setup transients do not count; `ru_maxrss` where that reset is not
+  allowed, which then also counts the setup). Reported: peak minus the RSS just before the loss, i.e. what the loss itself
+  added on top of its inputs, plus the raw process peak. glibc serves large buffers with mmap and returns them on free, so
+  the high-water mark tracks the bytes live at once.
+Criterion: chunked peak (above inputs) ≤ 1/4 of naive peak (above inputs).
+
+Default CPU scaling (24 GB, 2-core box shared with others): anchors 512 → 128 (÷4) and hidden 4096 → 1024 (÷4), fp32;
+slots (16) and vocabulary (151,936) are real. The naive peak grows linearly with the anchors while the chunked one is fixed
+by `chunk_blocks`, so at 512 anchors the ratio is ~4× smaller still; the script also prints the analytic logits sizes at
+full scale. On a GPU it runs the full shape in bf16.
+
+Usage: python bench/loss.py [--anchors N] [--hidden H] [--vocab V] [--block B] [--chunk-blocks C] [--dtype fp32|bf16]
+                            [--device cpu|cuda] [--out bench/results/loss.json]
+"""
+from __future__ import annotations
+import argparse, json, os, platform, resource, subprocess, sys, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key))
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f: f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def child(a) -> dict:
+    "Run one variant once (after a small warm-up) and return its peak memory and time."
+    import torch
+    sys.path.insert(0, str(ROOT))
+    from dflash_nb.loss import block_loss, naive_block_loss
+    torch.manual_seed(0)
+    dev = torch.device(a.device)
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    N, B, H, V = a.anchors, a.block, a.hidden, a.vocab
+    W = (torch.randn(V, H, device=dev) * 0.02).to(dt)                 # frozen lm_head, as in training
+    labels = torch.randint(0, V, (N, B), device=dev)
+    valid = torch.rand(N, B, device=dev) < 0.9
+    hidden = torch.randn(N * B, H, device=dev).to(dt)
+    fn = naive_block_loss if a.variant == "naive" else block_loss
+    kw = {} if a.variant == "naive" else {"chunk_blocks": a.chunk_blocks}
+
+    def step():
+        h = hidden.detach().requires_grad_()
+        out = fn(h, W, labels, valid, **kw)
+        out.loss.backward()
+        return out.loss.detach()
+
+    # warm-up on 2 blocks' worth of rows so thread pools / kernels exist without touching the peak much
+    fn(hidden[:2 * B].detach().requires_grad_(), W, labels[:2], valid[:2], **kw).loss.backward()
+    res = {"variant": a.variant}
+    if dev.type == "cuda":
+        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t0 = time.perf_counter(); loss = step(); torch.cuda.synchronize(); res["seconds"] = time.perf_counter() - t0
+        res.update(peak_bytes=torch.cuda.max_memory_allocated() - base, inputs_bytes=base,
+                   method="torch.cuda.max_memory_allocated - memory_allocated before the loss")
+        t0 = time.perf_counter(); step(); torch.cuda.synchronize(); res["seconds_2nd"] = time.perf_counter() - t0
+    else:
+        import gc; gc.collect()
+        base = _status("VmRSS:")
+        reset = _reset_hwm()
+        t0 = time.perf_counter(); loss = step(); res["seconds"] = time.perf_counter() - t0
+        hwm = _status("VmHWM:") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        res.update(peak_bytes=hwm - base, rss_before_loss=base, process_peak_bytes=hwm,
+                   method="VmHWM after clear_refs reset - VmRSS before the loss (fresh process)" if reset
+                   else "ru_maxrss - VmRSS before the loss (fresh process; includes setup transients)")
+    res["loss"] = float(loss)
+    return res
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--anchors", type=int, default=None)
+    p.add_argument("--block", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--hidden", type=int, default=None)
+    p.add_argument("--chunk-blocks", type=int, default=8)
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("--out", default=str(ROOT / "bench/results/loss.json"))
+    p.add_argument("--variant", choices=["naive", "chunked"], help=argparse.SUPPRESS)  # child mode
+    a = p.parse_args(argv)
+    if a.device is None:
+        import torch
+        a.device = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = a.device == "cuda"
+    a.anchors = a.anchors or (512 if gpu else 128)
+    a.hidden = a.hidden or (4096 if gpu else 1024)
+    a.dtype = a.dtype or ("bf16" if gpu else "fp32")
+    if a.variant:
+        print(json.dumps(child(a))); return
+
+    shape = dict(anchors=a.anchors, block=a.block, vocab=a.vocab, hidden=a.hidden, dtype=a.dtype, device=a.device,
+                 chunk_blocks=a.chunk_blocks)
+    print("shape:", shape)
+    results = {}
+    for variant in ("naive", "chunked"):
+        cmd = [sys.executable, __file__, "--variant", variant] + sum(
+            ([f"--{k.replace('_', '-')}", str(v)] for k, v in shape.items()), [])
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0: sys.exit(f"{variant} failed:\n{r.stderr}")
+        results[variant] = json.loads(r.stdout.strip().splitlines()[-1])
+        res = results[variant]
+        print(f"{variant:8s} peak above inputs {res['peak_bytes'] / 2**30:7.3f} GiB   time {res['seconds']:7.2f} s   "
+              f"loss {res['loss']:.5f}")
+    ratio = results["chunked"]["peak_bytes"] / results["naive"]["peak_bytes"]
+    rows, full_rows = a.anchors * a.block, 512 * 16
+    logits_bytes = 4 * a.vocab
+    summary = dict(
+        shape=shape, results=results, peak_ratio_chunked_over_naive=ratio, passes_quarter=ratio <= 0.25,
+        time_ratio_chunked_over_naive=results["chunked"]["seconds"] / results["naive"]["seconds"],
+        loss_abs_diff=abs(results["chunked"]["loss"] - results["naive"]["loss"]),
+        fp32_logits_bytes=dict(naive_all_rows=rows * logits_bytes, chunk=a.chunk_blocks * a.block * logits_bytes,
+                               naive_at_full_scale_512x16x151936=full_rows * 4 * 151936),
+        scaling=("full shape" if (a.anchors, a.hidden) == (512, 4096) else
+                 f"anchors 512→{a.anchors}, hidden 4096→{a.hidden}; slots and vocabulary as given"),
+        host=dict(platform=platform.platform(), cpus=os.cpu_count(), python=platform.python_version()),
+    )
+    print(f"chunked/naive peak ratio {ratio:.3f}  (criterion ≤ 0.25: {'PASS' if ratio <= 0.25 else 'FAIL'}); "
+          f"time ratio {summary['time_ratio_chunked_over_naive']:.2f}")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(summary, indent=2) + "\n")
+    print("wrote", a.out)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
