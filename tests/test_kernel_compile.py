@@ -1,0 +1,33 @@
+"""Every tile config of the kernel compiles for Hopper (sm_90) and SM120 Blackwell (sm_120) and fits SM120's shared
+memory. No GPU needed: Triton's wheel ships ptxas, so `triton.compile` with an explicit GPUTarget runs on the CPU
+and the compiled metadata reports the shared memory the launch will request. This also checks the compiled (non-
+interpreter) code path, which the CPU correctness tests in test_kernel.py cannot reach."""
+import pytest
+import torch
+
+from dflash_nb.kernels import CONFIGS, SMEM_LIMIT, TileConfig, compiled_smem
+
+TABLE = [(d, esize, kind) for (d, esize), kinds in CONFIGS.items() for kind in kinds]
+
+
+@pytest.mark.parametrize("capability", [90, 120], ids=["sm90", "sm120"])
+@pytest.mark.parametrize("d,esize,kind", TABLE, ids=[f"d{d}-{'fp32' if e == 4 else 'bf16'}-{k}" for d, e, k in TABLE])
+def test_config_fits_sm120(d, esize, kind, capability):
+    dtype = torch.float32 if esize == 4 else torch.bfloat16
+    shared = compiled_smem(kind, d, dtype, capability)
+    assert 0 < shared <= SMEM_LIMIT, f"{kind} d={d} {dtype}: {shared} bytes > {SMEM_LIMIT}"
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dq", "dkdv"])
+def test_variants_compile(kind):
+    "In-block causality, a non-power-of-two block size (padded tile rows) and fp16 also compile within the limit."
+    for kw in (dict(causal=True), dict(block_size=10), dict(dtype=torch.float16)):
+        args = dict(dtype=torch.bfloat16, capability=120)
+        args.update(kw)
+        assert compiled_smem(kind, 128, **args) <= SMEM_LIMIT
+
+
+def test_limit_is_enforced():
+    "The measurement is real: an oversized tile is reported above the SM120 limit."
+    big = TileConfig(128, 128, 8, 3)
+    assert compiled_smem("fwd", 256, torch.bfloat16, 90, cfg=big) > SMEM_LIMIT
