@@ -1,0 +1,308 @@
+"""Forward + backward time of anchor-block attention: Triton kernel vs compiled flex_attention vs SDPA (dense mask).
+
+Shapes (one packed row, DFlash drafter attention): S = 8192 context tokens, 512 anchors, block size B = 16
+(N*B = 8192 queries, S + N*B = 16384 keys), in several documents, for
+  * Qwen3-8B drafter:    32 query heads, 8 kv heads, head_dim 128
+  * Qwen3.6-27B drafter: 24 query heads, 4 kv heads, head_dim 256 (the target's gated-attention layout per the
+    Qwen3.6-27B model card: "Attention Heads: Q 24, KV 4; Head Dimension 256")
+and two layer kinds: full (context = document prefix) and sliding (window 2048, causal inside the block).
+
+Reported per (shape, kind, backend): ms forward, ms forward+backward (median of CUDA-event timings), useful TFLOP/s
+(only the visible (query, key) pairs count: fwd 4*pairs*D*H FLOPs, bwd 10*pairs*D*H, i.e. 2 and 5 matmuls), peak
+memory above inputs, max |out - sdpa out|, and the ratios triton/flex and triton/sdpa as speed-ups (other time /
+triton time, > 1 means triton is faster). For the Triton kernel, the shared memory of every launched config as the
+compiled kernel's metadata reports it, and the ahead-of-time compiled shared memory for sm_90 and sm_120 of every
+table entry. Targets on H200: triton fwd+bwd >= 1.0x flex (goal 1.2x) and >= 3x sdpa; every config <= 101,376 B.
+
+Without a GPU: says so, runs a tiny interpreter smoke test of the kernel and exits 0 without writing results.
+
+Usage: python bench/attention.py [--out bench/results/attention.json] [--shapes 8b,27b] [--kinds full,sliding]
+                                 [--backends triton,flex,sdpa] [--iters 10] [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SHAPES = {  # name: (q heads, kv heads, head_dim)
+    "8b": (32, 8, 128),
+    "27b": (24, 4, 256),
+}
+KINDS = {"full": (None, False), "sliding": (2048, True)}  # (window, causal_in_block)
+S_CTX, N_ANCHORS, BLOCK = 8192, 512, 16
+N_DOCS = 6
+
+
+def packed_layout(device, seed=0):
+    "A packed row of N_DOCS documents (random lengths summing to S) and 512 anchors drawn by the real sampler."
+    from dflash_nb.anchors import sample_anchors
+
+    g = torch.Generator().manual_seed(seed)
+    cuts = torch.sort(torch.randperm(S_CTX - 1, generator=g)[: N_DOCS - 1] + 1).values.tolist()
+    bounds = [0] + cuts + [S_CTX]
+    doc_ids = torch.cat([torch.full((bounds[i + 1] - bounds[i],), i) for i in range(N_DOCS)])
+    loss_mask = torch.ones(S_CTX, dtype=torch.bool)
+    anchors, keep = sample_anchors(loss_mask, doc_ids, BLOCK, N_ANCHORS, generator=g)
+    return anchors.to(device), keep.to(device), doc_ids.to(device)
+
+
+def visible_pairs(cs, ce, causal):
+    "Number of visible (query, key) pairs per head: context pairs plus own-block pairs."
+    n = cs.numel()
+    own = BLOCK * (BLOCK + 1) // 2 if causal else BLOCK * BLOCK
+    return int((ce.long() - cs.long()).clamp(min=0).sum()) * BLOCK + n * own
+
+
+def cuda_time(fn, iters, warmup=3):
+    "Median milliseconds of fn() over iters CUDA-event-timed runs."
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def make_backends(anchors, keep, doc_ids, window, causal, H, HKV):
+    "name -> attention(q, k, v) callables; mask structures are built once here (once per step in training)."
+    from dflash_nb.kernels import anchor_block_attention_triton
+    from dflash_nb.masks import anchor_block_block_mask, anchor_context_ranges, dense_anchor_block_mask
+
+    cs, ce = anchor_context_ranges(anchors, keep, doc_ids, window)
+    out = {"triton": lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, BLOCK, causal)}
+
+    def flex_factory():
+        from torch.nn.attention.flex_attention import flex_attention
+        bm = anchor_block_block_mask(anchors, keep, doc_ids, BLOCK, window, causal)
+        flex = torch.compile(flex_attention, dynamic=False)
+        return lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=H != HKV)
+
+    def sdpa_factory():
+        mask = dense_anchor_block_mask(anchors, keep, doc_ids, BLOCK, window=window, causal_in_block=causal)
+        g = H // HKV
+
+        def sdpa(q, k, v):  # kv heads repeated: the GQA path of the memory-efficient kernel with a boolean mask
+            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return sdpa
+
+    out["flex"] = flex_factory
+    out["sdpa"] = sdpa_factory
+    return out, cs, ce
+
+
+def bench_one(fn, q, k, v, g, iters):
+    "Time forward and forward+backward; return dict with ms, peak memory and the output."
+    qq, kk, vv = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+
+    def fwd():
+        with torch.no_grad():
+            return fn(qq, kk, vv)
+
+    def fwd_bwd():
+        qq.grad = kk.grad = vv.grad = None
+        o = fn(qq, kk, vv)
+        o.backward(g)
+
+    out = fwd()  # compiles / autotunes
+    fwd_bwd()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fwd_bwd()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    return dict(ms_fwd=cuda_time(fwd, iters), ms_fwd_bwd=cuda_time(fwd_bwd, iters), peak_mem_gib=peak / 2**30), out
+
+
+def aot_smem():
+    "Shared memory of every table config compiled ahead of time for sm_90 and sm_120 (from compiled metadata)."
+    from dflash_nb.kernels import CONFIGS, compiled_smem
+    rows = []
+    for (d, esize), kinds in CONFIGS.items():
+        dtype = torch.float32 if esize == 4 else torch.bfloat16
+        for kind in kinds:
+            for cap in (90, 120):
+                try:
+                    rows.append(dict(kernel=kind, head_dim=d, dtype=str(dtype)[6:], capability=cap,
+                                     shared_bytes=compiled_smem(kind, d, dtype, cap)))
+                except Exception as e:  # e.g. an older Triton without this target
+                    rows.append(dict(kernel=kind, head_dim=d, dtype=str(dtype)[6:], capability=cap,
+                                     error=f"{type(e).__name__}: {e}"[:300]))
+    return rows
+
+
+SWEEP = {  # candidate (block_m, block_n, warps, stages) per head_dim for --sweep; only smem-checked ones run
+    128: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (32, 64, 4, 2)],
+    256: [(64, 32, 8, 2), (64, 32, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2), (32, 64, 8, 1)],
+}
+
+
+def sweep(q, k, v, g, fn, D, iters, record):
+    "Time each candidate config per kernel (others at the table default) and record the fastest fitting one."
+    from dflash_nb.kernels import SMEM_LIMIT, TileConfig, compiled_smem, override_configs
+    cap = torch.cuda.get_device_capability()
+    res = {}
+    for kind in ("fwd", "dq", "dkdv"):
+        rows = []
+        for c in SWEEP.get(D, []):
+            cfg = TileConfig(*c)
+            try:
+                sm = {f"sm{x}": compiled_smem(kind, D, q.dtype, x, cfg=cfg) for x in (90, 120)}
+                if max(sm.values()) > SMEM_LIMIT:
+                    rows.append(dict(config=c, **sm, skipped="over SM120 shared memory"))
+                    continue
+                with override_configs(**{kind: cfg}):
+                    t, _ = bench_one(fn, q, k, v, g, iters)
+                rows.append(dict(config=c, **sm, **t))
+            except Exception as e:
+                rows.append(dict(config=c, error=f"{type(e).__name__}: {e}"[:300]))
+        res[kind] = rows
+        record(res)
+    return res
+
+
+def gpu_main(args):
+    from dflash_nb.kernels import LAUNCHED, SMEM_LIMIT
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    import triton
+    result = dict(device=props.name, capability=list(torch.cuda.get_device_capability(dev)),
+                  torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+                  smem_limit_bytes=SMEM_LIMIT, S=S_CTX, anchors=N_ANCHORS, block_size=BLOCK, docs=N_DOCS,
+                  dtype="bfloat16", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), runs=[])
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after every measurement, so a timeout still leaves what was measured
+        result["launched_smem"] = [dict(kernel=k[0], head_dim=k[1], dtype=k[2], block_m=k[3], block_n=k[4],
+                                        num_warps=k[5], num_stages=k[6], capability=k[7], shared_bytes=v,
+                                        fits_sm120=v <= SMEM_LIMIT) for k, v in LAUNCHED.items()]
+        tmp = out_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(out_path)
+
+    anchors, keep, doc_ids = packed_layout(dev)
+    for shape in args.shapes.split(","):
+        H, HKV, D = SHAPES[shape]
+        gen = torch.Generator(device=dev).manual_seed(0)
+        NB = N_ANCHORS * BLOCK
+        q = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        k = torch.randn(1, HKV, S_CTX + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        v = torch.randn(1, HKV, S_CTX + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        g = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        for kind in args.kinds.split(","):
+            window, causal = KINDS[kind]
+            fns, cs, ce = make_backends(anchors, keep, doc_ids, window, causal, H, HKV)
+            pairs = visible_pairs(cs, ce, causal)
+            flops_fwd, flops_bwd = 4 * pairs * D * H, 10 * pairs * D * H
+            run = dict(shape=shape, heads=H, kv_heads=HKV, head_dim=D, kind=kind, window=window,
+                       causal_in_block=causal, visible_pairs_per_head=pairs,
+                       density=pairs / (NB * (S_CTX + NB)), backends={})
+            result["runs"].append(run)
+            outs = {}
+            for name in args.backends.split(","):
+                t0 = time.time()
+                try:
+                    fn = fns[name] if name == "triton" else fns[name]()
+                    r, outs[name] = bench_one(fn, q, k, v, g, args.iters)
+                    r["tflops_fwd"] = flops_fwd / r["ms_fwd"] / 1e9
+                    r["tflops_fwd_bwd"] = (flops_fwd + flops_bwd) / r["ms_fwd_bwd"] / 1e9
+                except Exception as e:
+                    r = dict(error=f"{type(e).__name__}: {e}"[:1000], traceback=traceback.format_exc()[-3000:])
+                r["wall_s"] = round(time.time() - t0, 1)
+                run["backends"][name] = r
+                print(f"[{shape} {kind}] {name}: " + ", ".join(
+                    f"{k_}={v_:.3f}" if isinstance(v_, float) else f"{k_}={v_}" for k_, v_ in r.items()
+                    if k_ != "traceback"), flush=True)
+                save()
+            ref = outs.get("sdpa")
+            for name, o in outs.items():
+                if ref is not None and name != "sdpa":
+                    run["backends"][name]["max_abs_diff_vs_sdpa"] = (o.float() - ref.float()).abs().max().item()
+            b = run["backends"]
+            tri = b.get("triton", {}).get("ms_fwd_bwd")
+            for other in ("flex", "sdpa"):
+                o = b.get(other, {}).get("ms_fwd_bwd")
+                if tri and o:
+                    run[f"speedup_triton_vs_{other}_fwd_bwd"] = o / tri
+                    run[f"speedup_triton_vs_{other}_fwd"] = b[other]["ms_fwd"] / b["triton"]["ms_fwd"]
+            if args.sweep and "triton" in fns:
+                def rec(res, run=run):
+                    run["sweep"] = res
+                    save()
+                sweep(q, k, v, g, fns["triton"], D, args.iters, rec)
+            save()
+            del outs
+            torch.cuda.empty_cache()
+    result["aot_smem"] = aot_smem()
+    launched = result.get("launched_smem", [])
+    result["all_launched_fit_sm120"] = all(r["fits_sm120"] for r in launched) if launched else None
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    save()
+    print(f"wrote {out_path}")
+    for run in result["runs"]:
+        print(f"{run['shape']:>4} {run['kind']:<8} " + "  ".join(
+            f"{n}: {r.get('ms_fwd_bwd', float('nan')):.2f} ms" for n, r in run["backends"].items()) +
+            "  triton speed-up vs flex {:.2f}x, vs sdpa {:.2f}x".format(
+                run.get("speedup_triton_vs_flex_fwd_bwd", float("nan")),
+                run.get("speedup_triton_vs_sdpa_fwd_bwd", float("nan"))))
+    return 0
+
+
+def cpu_smoke():
+    "Tiny interpreter run of the kernel (forward + backward) against plain torch, so the script is exercised on CPU."
+    from dflash_nb.kernels import anchor_block_attention_triton
+    from dflash_nb.masks import anchor_context_ranges, dense_anchor_block_mask
+    doc_ids = torch.tensor([0] * 20 + [1] * 12)
+    anchors, keep = torch.tensor([0, 5, 19, 22, 0]), torch.tensor([True, True, True, True, False])
+    B, H, HKV, D = 4, 4, 2, 32
+    cs, ce = anchor_context_ranges(anchors, keep, doc_ids, None)
+    mask = dense_anchor_block_mask(anchors, keep, doc_ids, B)
+    q = torch.randn(1, H, 5 * B, D, requires_grad=True)
+    k = torch.randn(1, HKV, 32 + 5 * B, D, requires_grad=True)
+    v = torch.randn(1, HKV, 32 + 5 * B, D, requires_grad=True)
+    t0 = time.time()
+    o = anchor_block_attention_triton(q, k, v, cs, ce, B)
+    o.sum().backward()
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    ref = torch.softmax(((q @ kk.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~mask, float("-inf")), -1) @ vv
+    err = (o - ref).abs().max().item()
+    print(f"interpreter smoke run: max |triton - torch| = {err:.2e} ({time.time() - t0:.1f} s)")
+    return err < 1e-4
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "attention.json"))
+    p.add_argument("--shapes", default="8b,27b")
+    p.add_argument("--kinds", default="full,sliding")
+    p.add_argument("--backends", default="triton,flex,sdpa")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--sweep", action="store_true", help="also time candidate tile configs of the Triton kernel")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no GPU: CUDA is not available here, so nothing is timed and no results are written")
+        return 0 if cpu_smoke() else 1
+    return gpu_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
