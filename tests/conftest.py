@@ -1,6 +1,8 @@
 """Shared pytest setup: the `gpu` marker skips where there is no CUDA device."""
 import pytest, torch
 
+pytest_plugins = ["s3_server"]  # the `s3_server` fixture: a real SeaweedFS S3 server on 127.0.0.1 (tests/s3_server.py)
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -1,0 +1,46 @@
+"""Kill the tokenization run mid-way (SIGKILL to the whole process group) and rerun: the final shards are identical."""
+import os, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+from dflash_nb.data import DataConfig, load_manifest, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _shards(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(out.glob("shard-*.arrow"))}
+
+
+@pytest.mark.slow
+def test_kill_mid_run_then_rerun_gives_identical_shards(tmp_path):
+    for i in range(3):
+        write_jsonl(synthetic_records(40, seed=100 + i, approx_tokens=1000), tmp_path / "in" / f"part-{i}.jsonl")
+    shard_bytes = 20_000                                   # ~5 samples per shard, ~24 shards
+    ref = tokenize_dataset(str(tmp_path / "in"), qwen3_tokenizer_dir(), tmp_path / "ref", DataConfig(workers=1, shard_bytes=shard_bytes),
+                           verbose=False)
+    n = len(ref["shards"])
+    assert n >= 20
+
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "dflash_nb.data", "--input", str(tmp_path / "in"), "--tokenizer", str(qwen3_tokenizer_dir()),
+           "--out", str(out), "--workers", "2", f"shard_bytes={shard_bytes}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while len(list(out.glob("shard-*.arrow"))) < 2:     # kill once the workers are producing shards
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no shard appeared"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)                # the driver and its worker processes, no clean-up
+    finally:
+        proc.wait(30)
+    done = len(list(out.glob("shard-*.arrow")))
+    assert 2 <= done < n and not (out / "manifest.json").exists()
+
+    m = tokenize_dataset(str(tmp_path / "in"), qwen3_tokenizer_dir(), out, DataConfig(workers=1, shard_bytes=shard_bytes), verbose=False)
+    assert m["run"]["shards_skipped"] >= 2 and m["run"]["shards_skipped"] < n
+    assert _shards(out) == _shards(tmp_path / "ref")
+    assert not list(out.glob(".*tmp*"))
+    assert load_manifest(out)["audit"] == ref["audit"]
