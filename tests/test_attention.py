@@ -101,8 +101,10 @@ def test_layout_builds_each_kind_once():
             anchor_block_attention(q, k, v, window=w, causal_in_block=c, backend="sdpa", layout=layout)
             with torch.no_grad():
                 anchor_block_attention(q, k, v, window=w, causal_in_block=c, backend="flex", layout=layout)
-    assert layout.builds == {("dense", 16, True): 1, ("dense", None, False): 1,
-                             ("block_mask", 16, True): 1, ("block_mask", None, False): 1}
+    assert layout.builds == {("dense", 16, True): 1, ("dense", None, False): 1, ("ranges", 16, None): 1,
+                             ("ranges", None, None): 1, ("block_mask", 16, True): 1, ("block_mask", None, False): 1}
+    from dflash_nb.masks import anchor_block_block_mask, block_masks_equal
+    assert block_masks_equal(layout.block_mask(16, True), anchor_block_block_mask(anchors, keep, doc, 4, 16, True, method="mask_mod"))
     assert layout.context_ranges(16) is layout.context_ranges(16)
 
 
