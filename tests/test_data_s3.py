@@ -18,6 +18,7 @@ def dataset(s3_server, tmp_path_factory):
     write_jsonl(synthetic_records(4, seed=12, approx_tokens=300), local / "b.jsonl")
     write_jsonl(synthetic_records(3, seed=13, approx_tokens=300), local / "sub" / "c.jsonl")
     (local / "README.txt").write_text("not data\n")
+    (local / "empty.jsonl").write_bytes(b"")             # reported as empty_file by both
     bucket = s3_server.make_bucket("data")
     client = s3_server.client()
     for p in sorted(local.rglob("*")):
@@ -39,8 +40,8 @@ def test_listing_paginates_and_matches_local(dataset):
     calls = []
     D.s3_client(cfg).meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
     files = list_inputs(f"s3://{bucket}/data/", cfg)
-    assert _names(files) == _names(list_inputs(str(local))) == [(n, (local / n).stat().st_size) for n in ["a.jsonl", "b.jsonl", "sub/c.jsonl"]]
-    assert len(calls) >= 2                               # 4 keys under data/ at 2 per page
+    assert _names(files) == _names(list_inputs(str(local))) == [(n, (local / n).stat().st_size) for n in ["a.jsonl", "b.jsonl", "empty.jsonl", "sub/c.jsonl"]]
+    assert len(calls) >= 3                               # 5 keys under data/ at 2 per page
     assert _names(list_inputs(f"s3://{bucket}/data", cfg)) == _names(files)          # a prefix without the slash
     assert _names(list_inputs(f"s3://{bucket}/data/*.jsonl", cfg)) == _names(list_inputs(str(local / "*.jsonl")))
     assert _names(list_inputs(f"s3://{bucket}/data/sub/c.jsonl", cfg)) == [("c.jsonl", (local / "sub/c.jsonl").stat().st_size)]
@@ -98,4 +99,4 @@ def test_s3_and_local_give_identical_shards(dataset, tmp_path, monkeypatch):
     local_shards = {p.name: p.read_bytes() for p in (tmp_path / "local").glob("shard-*.arrow")}
     assert local_shards == {p.name: p.read_bytes() for p in (tmp_path / "s3").glob("shard-*.arrow")}
     assert m_s3["audit"] == m_local["audit"] and m_s3["shards"] == m_local["shards"] and m_s3["inputs"] == m_local["inputs"]
-    assert m_local["audit"]["kept"] == 14
+    assert m_local["audit"]["kept"] == 14 and m_local["audit"]["malformed"]["by_kind"] == {"empty_file": 1}
