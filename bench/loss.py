@@ -16,8 +16,9 @@ Criterion: chunked peak (above inputs) ≤ 1/4 of naive peak (above inputs), for
 
 Default CPU scaling (24 GB, 2-core box shared with others): anchors 512 → 128 (÷4) and hidden 4096 → 1024 (÷4), fp32;
 slots (16) and vocabulary (151,936) are real. The naive peak grows linearly with the anchors while the chunked one is fixed
-by `chunk_blocks`, so at 512 anchors the ratio is ~4× smaller still; the script also prints the analytic logits sizes at
-full scale. On a GPU it runs the full shape in bf16.
+by `chunk_blocks`. The default chunk is block_loss's own (`auto_chunk_blocks`: 55 blocks = 512 MiB of fp32 logits for
+B = 16, V = 151,936) scaled with the anchors (128/512 × 55 → 14 blocks), so the scaled run has the same number of chunks
+(~9) as the default at full scale and the ratio carries over. On a GPU it runs the full shape in bf16 with the real default.
 
 Usage: python bench/loss.py [--anchors N] [--hidden H] [--vocab V] [--block B] [--chunk-blocks C] [--dtype fp32|bf16]
                             [--device cpu|cuda] [--out bench/results/loss.json]
@@ -28,6 +29,7 @@ from pathlib import Path
 # run as a script, bench/ is sys.path[0]; drop it so sibling scripts (e.g. bench/tokenize.py) cannot shadow stdlib modules
 if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent: sys.path.pop(0)
 import argparse, json, os, platform, resource, subprocess, time
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
 # naive: all logits at once; chunked: block_loss default (backward recomputes each chunk's logits);
@@ -99,7 +101,8 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=None)
-    p.add_argument("--chunk-blocks", type=int, default=8)
+    p.add_argument("--chunk-blocks", type=int, default=None,
+                   help="default: block_loss's own (auto_chunk_blocks) at 512 anchors, scaled with the anchors below that")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--out", default=str(ROOT / "bench/results/loss.json"))
@@ -113,6 +116,9 @@ def main(argv=None):
     a.anchors = a.anchors or (512 if gpu else 128)
     a.hidden = a.hidden or (4096 if gpu else 1024)
     a.dtype = a.dtype or ("bf16" if gpu else "fp32")
+    if a.chunk_blocks is None:   # keep the number of chunks of the full-scale default when the anchors are scaled down
+        from dflash_nb.loss import auto_chunk_blocks
+        a.chunk_blocks = max(1, round(auto_chunk_blocks(a.block, a.vocab) * min(1.0, a.anchors / 512)))
     if a.variant:
         print(json.dumps(child(a))); return
 
