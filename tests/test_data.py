@@ -215,3 +215,18 @@ def test_manifest_fingerprints_and_template_refusal(tok, tmp_path):
         get_vocab = tok.get_vocab
     with pytest.raises(ValueError, match="another chat template"):
         check_template(m, Other())
+
+
+def test_generation_prompt_part_is_not_masked():
+    "With a template whose generation prompt already opens the thinking block (as Qwen3.5/3.6 do), the mask starts after it."
+    t = load_tokenizer(qwen3_tokenizer_dir())
+    gen = "{{- '<|im_start|>assistant\\n' }}"
+    assert t.chat_template.count(gen) == 1
+    t.chat_template = t.chat_template.replace(gen, "{{- '<|im_start|>assistant\\n<think>\\n' }}")
+    for rec, turns in SINGLE + MULTI:
+        conv = normalize_record(rec)
+        x = SampleEncoder(t).encode([conv])[0]
+        r, c = turns[-1]
+        assert t.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True).endswith("<think>\n")
+        assert t.decode(x.ids[x.lo:x.hi]) == generated(r, c)[len("<think>\n"):]
+        assert not x.straddle
