@@ -297,6 +297,11 @@ def test_distillation_option():
                                      target_logits=tl.view(6, 4, -1), distill_weight=lam)
         torch.testing.assert_close(out.loss, ref.loss, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(gh, gh_ref); torch.testing.assert_close(gW, gW_ref)
+    # recompute=False cannot precompute ∂hidden with a KL term: it falls back to recomputation, same result
+    hp = h.clone().requires_grad_()
+    block_loss(hp, W, labels, valid, chunk_blocks=4, target_logits=tl, distill_weight=0.5, recompute=False).loss.backward()
+    _, gh_ref, _ = loss_and_grads(naive_block_loss, h, W, labels, valid, target_logits=tl, distill_weight=0.5)
+    torch.testing.assert_close(hp.grad, gh_ref)
     # KL against an independent formula
     logp = (h @ W.T).log_softmax(-1); logq = tl.log_softmax(-1)
     kl = (logq.exp() * (logq - logp)).sum(-1).view(6, 4)
