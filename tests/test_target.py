@@ -86,7 +86,8 @@ def test_packed_row_equals_documents_alone(models, arch, max_batch_tokens):
     start = 0
     for d in docs:
         alone = reference_features(models[arch], d, [0, 2, 4])
-        torch.testing.assert_close(f[start:start + len(d)], alone, rtol=1e-5, atol=1e-5)
+        # fp32 rounding differs between batch shapes (~1e-5); a leak between documents is O(0.1) (next test)
+        torch.testing.assert_close(f[start:start + len(d)], alone, rtol=1e-4, atol=1e-4)
         start += len(d)
     assert torch.equal(f[start:], torch.zeros(6, 3 * 64))
 
@@ -97,8 +98,8 @@ def test_packing_as_one_sequence_would_leak(models, arch):
     docs, ids, doc_ids = packed_row([9, 12], seed=3)
     f = TargetFeatures(models[arch], [1, 2])(ids, doc_ids)
     leaky = reference_features(models[arch], ids, [1, 2])
-    assert torch.allclose(leaky[:9], f[:9], atol=1e-6)
-    assert not torch.allclose(leaky[9:], f[9:], atol=1e-4)
+    assert torch.allclose(leaky[:9], f[:9], atol=1e-4)
+    assert (leaky[9:] - f[9:]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("arch", ARCHS)
