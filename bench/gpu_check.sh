@@ -102,9 +102,11 @@ for f in "$REPO"/bench/*.py; do
   case "$(basename "$f")" in attention.py|pipeline.py|_*|conftest.py) continue ;; esac
   others+=("$f")
 done
+# run through runpy so that sys.path[0] is the shadow tree, not bench/ (bench/tokenize.py would shadow the stdlib)
 for f in "${others[@]}"; do
   note "   $(basename "$f")"
-  step "$(basename "$f")" timeout "$OTHER_TIMEOUT" "$PY" "$f"
+  step "$(basename "$f")" timeout "$OTHER_TIMEOUT" "$PY" -c \
+    'import runpy, sys; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name="__main__")' "$f"
 done
 
 note "done: results in $RESULTS (status $status)"

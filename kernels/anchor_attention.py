@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 __all__ = ["anchor_block_attention_triton", "TileConfig", "CONFIGS", "SMEM_LIMIT", "pick_config",
-           "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem"]
+           "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem", "ptxas_stats"]
 
 SMEM_LIMIT = 101_376  # bytes of shared memory per block on SM120 (RTX PRO 6000 / RTX 5090); H100/H200 allow 232,448
 
@@ -40,28 +40,37 @@ class TileConfig:
     num_stages: int  # software-pipelining depth of the kv loop (fwd, dQ) or query-head loop (dK/dV)
 
 
-# Config table, keyed by (head_dim, bytes per input element). Constraints behind every constant:
-# * shared memory: every config must fit SM120's 101,376 bytes. Measured by compiling for sm_90 and sm_120
-#   (tests/test_kernel_compile.py, ptxas from the Triton wheel, no GPU needed) and read from the compiled
-#   metadata at run time in bench/attention.py.
-# * block_m = 64 (4 draft blocks of B = 16): 64 rows keeps the per-row softmax state and the Q/dO tiles of
-#   4 warps in registers; 128 rows would double the Q tile and overflow 101 KB at D >= 128 with pipelining.
-#   Also a tile's union range widens with more blocks (anchors ~16 tokens apart at 512 anchors / 8K tokens,
-#   so 4 blocks add ~64 columns of waste per tile; 8 would add ~128).
-# * block_n: 64 at D <= 128 (K and V tiles 2 x 64 x D x 2 B = 32 KB at D = 128, x2 stages = 64 KB + Q 16 KB);
-#   32 at D = 256, where a 64-wide K/V pair alone is 64 KB per stage.
-# * num_stages 2 wherever two K/V stages fit (hides the global-load latency of the next kv tile); 1 at D = 256
-#   in the backward, where a second stage of Q/dO (2 x 64 x 256 x 2 B = 64 KB) cannot fit next to K/V.
-# * num_warps: 4 for D <= 128 (one warpgroup = one m64 wgmma on Hopper); 8 at D = 256 to halve the
-#   per-thread accumulator (64 x 256 fp32 = 64 KB of registers for O or dK+dV).
-# * dK/dV uses block_m 32 for D >= 128: its resident tiles are K, V, dK, dV (BLOCK_N x D each) plus streamed
-#   Q and dO (BLOCK_M x D), so the query tile is the one that shrinks.
-# fp32 inputs (tests, debugging) use half-size tiles since every element is twice as wide.
+# Config table, keyed by (head_dim, bytes per input element). How the constants were chosen (no GPU was available
+# when this table was written; bench/attention.py --sweep times the alternatives on a real one):
+# * hard limit: every config must fit SM120's 101,376 bytes of shared memory on both sm_90 and sm_120. Measured
+#   from the compiled metadata of an ahead-of-time compile for each target (tests/test_kernel_compile.py; Triton's
+#   wheel ships ptxas, so this runs on the CPU), and read again from the launched kernels in the bench.
+# * register spills: among the configs that fit, the table takes ones that ptxas (run with Triton's flags, see
+#   `ptxas_stats`) compiles with no or negligible spills on both targets, and among those the largest tiles. Bigger
+#   tiles overflow 255 registers first: the fp32 accumulators (O in the forward, dQ, or dK + dV) plus the resident
+#   bf16 tiles (Q / dO or K / V) all live in registers.
+# * 8 warps wherever the 4-warp version of the same tile spills (it halves every per-thread accumulator share);
+#   4 warps where a tile is small enough (D = 64 dK/dV).
+# * block_m: the forward and dQ tiles hold 128 / 64 / 32 query rows (8 / 4 / 2 blocks of B = 16) at D = 64 / 128 /
+#   256; a wider tile reuses each K/V load for more rows and its union range grows by only ~16 columns per extra
+#   block (512 anchors in 8K tokens), so it is as wide as registers allow. dK/dV streams query tiles past resident
+#   K, V, dK, dV, so its query tile is the small one (32 rows, 16 at D = 256).
+# * block_n 32 at D >= 128 (a 64-wide K/V pair is 32 KB (D = 128) or 64 KB (D = 256) per stage and spills the
+#   score tile); 64 at D = 64.
+# * num_stages 2-3: one or two kv tiles in flight while the current one is multiplied; 3 only where the extra
+#   buffer still fits without spills (D = 128 forward and dQ); 1 for dK/dV at D = 256, whose second Q/dO buffer
+#   costs registers (ptxas spills with 2).
+# Measured (sm_90 / sm_120, Triton 3.7.1, bf16): shared bytes; registers; spill bytes
+#   D=64   fwd  32768/24576  187/220  0/0    dq 49152/49152  194/210  0/0   dkdv 20736/20736  255/214  0/0
+#   D=128  fwd  32768/28672  193/237  0/0    dq 49152/49152  255/228  0/0   dkdv 41216/41216  242/234  0/0
+#   D=256  fwd  34816/34816  255/189  4/0    dq 65536/65536  255/255  12/0  dkdv 57344/57344  255/251  0/0
+# fp32 inputs (tests, debugging) use smaller tiles since every element is twice as wide (checked for shared memory
+# only: fp32 is not a training dtype here).
 _C = TileConfig
 CONFIGS = {
-    (64, 2): {"fwd": _C(64, 64, 4, 3), "dq": _C(64, 64, 4, 2), "dkdv": _C(64, 64, 4, 2)},
-    (128, 2): {"fwd": _C(64, 64, 4, 2), "dq": _C(64, 64, 4, 2), "dkdv": _C(32, 64, 4, 2)},
-    (256, 2): {"fwd": _C(64, 32, 8, 2), "dq": _C(64, 32, 8, 1), "dkdv": _C(32, 32, 8, 1)},
+    (64, 2): {"fwd": _C(128, 64, 8, 2), "dq": _C(128, 64, 8, 2), "dkdv": _C(32, 32, 4, 2)},
+    (128, 2): {"fwd": _C(64, 32, 8, 3), "dq": _C(64, 32, 8, 3), "dkdv": _C(32, 32, 8, 2)},
+    (256, 2): {"fwd": _C(32, 32, 8, 2), "dq": _C(32, 32, 8, 2), "dkdv": _C(16, 32, 8, 1)},
     (64, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 2), "dkdv": _C(32, 32, 4, 2)},
     (128, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 1), "dkdv": _C(16, 32, 4, 1)},
     (256, 4): {"fwd": _C(16, 16, 4, 1), "dq": _C(16, 16, 4, 1), "dkdv": _C(16, 16, 4, 1)},
@@ -384,3 +393,23 @@ def compile_for_target(kind, head_dim, dtype=torch.bfloat16, capability=90, bloc
 def compiled_smem(kind, head_dim, dtype=torch.bfloat16, capability=90, block_size=16, causal=False, cfg=None):
     "Shared-memory bytes of one kernel config, from the metadata of an ahead-of-time compile (no GPU needed)."
     return int(compile_for_target(kind, head_dim, dtype, capability, block_size, causal, cfg).metadata.shared)
+
+
+def ptxas_stats(compiled, capability):
+    """Registers per thread and spill bytes of a compiled kernel, from `ptxas -v` on its PTX with the flags Triton
+    itself uses (the GPU-side `n_spills` needs a device; this does not). Returns dict(registers, spill_bytes)."""
+    import re
+    import subprocess
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability
+    arch = sm_arch_from_capability(capability)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(compiled.asm["ptx"])
+        r = subprocess.run([get_ptxas(capability).path, "-lineinfo", "-v", "--regAllocOptLevel=2",
+                            f"--gpu-name={arch}", str(src), "-o", str(Path(d) / "k.o")],
+                           capture_output=True, text=True, check=True)
+    log = r.stderr + r.stdout
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    return dict(registers=int(regs[-1]) if regs else None, spill_bytes=int(spills[-1]) if spills else None)

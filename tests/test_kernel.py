@@ -157,12 +157,13 @@ def test_single_block():
     check_case([6], [(0, 5)], B=2, H=1, HKV=1, D=16, dtype=torch.float32)
 
 
-def test_production_tiles_b16():
-    "The real (GPU) tile table at B = 16: 64-row tiles of 4 blocks, S = 150 not a multiple of 64, 9 anchors."
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_production_tiles_b16(D):
+    "The real (GPU) tile table at B = 16 (tiles of 8 / 4 / 2 whole blocks), S = 150, 9 anchors, two documents."
     anchors = [(0, 0), (0, 17), (0, 40), (0, 77), (0, 99), (1, 0), (1, 9), (1, 30), (1, 49)]
-    check_case([100, 50], anchors, B=16, H=4, HKV=2, D=64, dtype=torch.float16, window=48, cfg=None)
-    cfg, bpt = pick_config("fwd", 64, torch.float16, 16)
-    assert (cfg.block_m, bpt) == (64, 4)
+    check_case([100, 50], anchors, B=16, H=4, HKV=2, D=D, dtype=torch.float16, window=48, cfg=None)
+    cfg, bpt = pick_config("fwd", D, torch.float16, 16)
+    assert cfg.block_m == bpt * 16 == {64: 128, 128: 64, 256: 32}[D]
 
 
 def test_deterministic_backward():
