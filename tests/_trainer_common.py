@@ -1,0 +1,82 @@
+"""Shared helpers of the trainer tests: a small real tokenized data set, a tiny run config, subprocess runs."""
+import json, os, subprocess, sys, dataclasses
+from pathlib import Path
+import yaml
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+
+# a tiny target (real Qwen3 vocabulary, so the real tokenizer fits) and a one-layer drafter: every step is cheap
+TINY = {
+    "max_tokens": 160, "max_anchors": 8, "global_batch": 2, "log_every": 1, "seed": 3,
+    "target": {"tiny": {"hidden_size": 32, "num_layers": 4, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
+                        "intermediate_size": 64, "seed": 1}},
+    "drafter": {"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [1, 3]},
+    "optim": {"lr": 3e-3},
+}
+
+
+def make_data(out_dir, n=24, seed=0, tokenizer_dir=None):
+    "Tokenize `n` synthetic conversations with the real pipeline (dflash_nb.data) into `out_dir`."
+    from dflash_nb.data import synthetic_records, write_jsonl, tokenize_dataset, qwen3_tokenizer_dir, DataConfig
+    out_dir = Path(out_dir)
+    src = write_jsonl(synthetic_records(n, seed=seed, approx_tokens=40), out_dir.parent / f"{out_dir.name}.jsonl")
+    tokenize_dataset([str(src)], tokenizer_dir or qwen3_tokenizer_dir(), out_dir, DataConfig(workers=1, max_seq_len=160, min_loss_tokens=8), verbose=False)
+    return out_dir
+
+
+def train_dict(run_dir, data_dir, **kw):
+    "A TrainConfig as a plain dict: TINY, then `kw` (nested dicts merged one level deep)."
+    d = json.loads(json.dumps(TINY))
+    d.update(run_dir=str(run_dir), data_dir=str(data_dir))
+    for k, v in kw.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict): d[k] = {**d[k], **v}
+        else: d[k] = v
+    return d
+
+
+def train_cfg(run_dir, data_dir, **kw):
+    from dflash_nb.config import from_dict
+    from dflash_nb.trainer import TrainConfig
+    return from_dict(TrainConfig, train_dict(run_dir, data_dir, **kw))
+
+
+def write_run_config(path, train: dict) -> Path:
+    "A RunConfig YAML that only trains (no regeneration, no τ, no export)."
+    path = Path(path)
+    path.write_text(yaml.safe_dump({"train": train, "evaluate": {"num_samples": 0}, "export": False}))
+    return path
+
+
+def env(**extra):
+    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    return e
+
+
+def run_module(cfg_path, *overrides, torchrun: int = 0, timeout=300, **kw) -> subprocess.CompletedProcess:
+    "Run `python -m dflash_nb.train --config cfg_path ...` (or under torchrun with `torchrun` processes) as a real subprocess."
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}",
+               "-m", "dflash_nb.train", "--config", str(cfg_path), *overrides]
+    else:
+        cmd = [sys.executable, "-m", "dflash_nb.train", "--config", str(cfg_path), *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def losses(run_dir) -> dict:
+    "step -> loss from metrics.jsonl (the last record of a step wins: a resumed run re-logs nothing it did not redo)."
+    out = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "loss" in r: out[r["step"]] = r["loss"]
+    return out
+
+
+def weights(ckpt_dir) -> dict:
+    return load_file(str(Path(ckpt_dir) / "drafter.safetensors"))
+
+
+def latest(run_dir) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    return root / (root / "latest").read_text().strip()
