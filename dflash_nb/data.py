@@ -503,6 +503,7 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
     with open_input(task.file, max(0, task.start - 1), cfg) as fh:
         for line, off, raw in iter_range_lines(fh, task.start, task.end):
             st["lines"] += 1
+            if off == 0 and raw.startswith(b"\xef\xbb\xbf"): raw = raw[3:]     # a UTF-8 byte-order mark opening the file
             if not raw.strip(): continue
             st["records"] += 1
             try:

@@ -141,7 +141,8 @@ def test_malformed_input_counted_and_good_samples_kept(tmp_path):
              '{"prompt": "lone surrogate \\ud800", "completion": "x"}',       # 13 bad_text (the tokenizer rejects it)
              json.dumps(good[3]),                                             # 14
              ]
-    raw = "\n".join(lines).encode() + b"\n" + b'{"prompt": "bad \xff\xfe utf8", "completion": "x"}\n'   # 15 bad_utf8
+    raw = b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n"                                   # opens with a UTF-8 BOM
+    raw += b'{"prompt": "bad \xff\xfe utf8", "completion": "x"}\n'                                   # 15 bad_utf8
     raw += json.dumps(good[4]).encode() + b"\n" + json.dumps(good[5]).encode()                           # 16, 17 (no final newline)
     d = tmp_path / "in"; d.mkdir()
     (d / "mixed.jsonl").write_bytes(raw)
@@ -159,8 +160,9 @@ def test_malformed_input_counted_and_good_samples_kept(tmp_path):
     assert ex["empty_file"] == ["empty.jsonl: empty_file: the file holds no records"]
     assert a["truncated"]["count"] == 1 and a["kept"] == 7 and a["records"] == 16
     ds = read_shards(tmp_path / "out")
-    offsets = [raw.index(json.dumps(g).encode()) for g in good]
-    long_off = raw.index(json.dumps(long_rec).encode())
+    line_start = lambda rec: raw.rfind(b"\n", 0, raw.index(json.dumps(rec).encode())) + 1     # source = byte where the line starts
+    offsets, long_off = [line_start(g) for g in good], line_start(long_rec)
+    assert offsets[0] == 0
     assert sorted(s["source"] for s in ds) == sorted([f"mixed.jsonl@{o}" for o in offsets] + [f"mixed.jsonl@{long_off}"])
     long = next(s for s in ds if s["source"] == f"mixed.jsonl@{long_off}")
     assert long["n_tokens"] == 2048 and long["n_loss_tokens"] == sum(long["loss_mask"]) > 2000
