@@ -33,8 +33,32 @@ for the P @ V and dS @ K / dS^T @ Q products on the GPU (as in FlashAttention). 
 loads everything as fp32 because the interpreter computes bf16 wrongly. IEEE selects exact fp32 dots for fp32
 inputs on the GPU (the default there would be TF32).
 """
+import os
+
 import triton
 import triton.language as tl
+
+# Reductions go through tl.reduce with combine functions chosen here instead of tl.max / tl.min / tl.sum (and
+# tl.full instead of tl.zeros): those are @triton.jit functions of Triton's own standard library, built in whichever
+# mode TRITON_INTERPRET had when `triton` was first imported. Using only builtins plus functions of this file keeps
+# each variant of this file self-consistent, so the interpreter and the compiler can both be used in one process.
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    from triton.language import standard as _std
+
+    # the interpreter recognises these by identity and reduces with numpy (never calling them)
+    _max_fn, _min_fn, _add_fn = _std._elementwise_max, _std._elementwise_min, _std._sum_combine
+else:
+    @triton.jit
+    def _max_fn(a, b):
+        return tl.maximum(a, b)
+
+    @triton.jit
+    def _min_fn(a, b):
+        return tl.minimum(a, b)
+
+    @triton.jit
+    def _add_fn(a, b):
+        return a + b
 
 
 @triton.jit
@@ -83,16 +107,16 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = _dot(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE)
+        qk = _dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32), IEEE)
         vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S,
                        B, CTX, OWN, CAUSAL)
         vis = vis & col_ok[None, :] & row_ok[:, None]
         s = tl.where(vis, qk * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: no inf - inf
         p = tl.exp2(s - m_use[:, None])
         alpha = tl.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        l_i = l_i * alpha + tl.reduce(p, 1, _add_fn)
         acc = acc * alpha[:, None]
         acc = _dot(p.to(v.dtype), v, acc, IEEE)
         m_i = m_new
@@ -123,8 +147,8 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     row_lo = tl.load(CS + blk, mask=row_ok, other=0)
     row_hi = tl.load(CE + blk, mask=row_ok, other=0)
     live = row_hi > row_lo
-    lo = tl.min(tl.where(live, row_lo, S), 0)  # union of the tile's context ranges (empty: lo=S > hi=0)
-    hi = tl.max(tl.where(live, row_hi, 0), 0)
+    lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)  # union of the tile's context ranges (empty: lo=S > hi=0)
+    hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
 
     q_ptrs = Q + h.to(tl.int64) * stride_qh + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -134,8 +158,8 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     v_base = V + hk.to(tl.int64) * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
+    acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
                                offs_m, row_ok, row_lo, row_hi, S, qk_scale,
                                B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
@@ -163,7 +187,7 @@ def _bwd_preprocess(O, DO, DELTA, stride_oh, stride_om, stride_doh, stride_dom, 
     rows = offs_m.to(tl.int64)[:, None]
     o = tl.load(O + h.to(tl.int64) * stride_oh + rows * stride_om + offs_d[None, :], mask=ok[:, None], other=0.0)
     do = tl.load(DO + h.to(tl.int64) * stride_doh + rows * stride_dom + offs_d[None, :], mask=ok[:, None], other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    delta = tl.reduce(o.to(tl.float32) * do.to(tl.float32), 1, _add_fn)
     tl.store(DELTA + h.to(tl.int64) * NB + offs_m, delta, mask=ok)
 
 
@@ -184,7 +208,7 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, h
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        zero = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
         qk = _dot(q, tl.trans(k), zero, IEEE)
         vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S,
                        B, CTX, OWN, CAUSAL)
@@ -220,8 +244,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
     row_lo = tl.load(CS + blk, mask=row_ok, other=0)
     row_hi = tl.load(CE + blk, mask=row_ok, other=0)
     live = row_hi > row_lo
-    lo = tl.min(tl.where(live, row_lo, S), 0)
-    hi = tl.max(tl.where(live, row_hi, 0), 0)
+    lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)
+    hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
 
     rows = offs_m.to(tl.int64)[:, None]
     q = tl.load(Q + h.to(tl.int64) * stride_qh + rows * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -235,7 +259,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
     k_base = K + hk.to(tl.int64) * stride_kh
     v_base = V + hk.to(tl.int64) * stride_vh
 
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    dq = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, hi,
                    offs_m, row_ok, row_lo, row_hi, S, qk_scale,
                    B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
@@ -275,9 +299,9 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LI
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    zero = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    dk = tl.full([BLOCK_N, HEAD_DIM], 0.0, dtype=tl.float32)
+    dv = tl.full([BLOCK_N, HEAD_DIM], 0.0, dtype=tl.float32)
+    zero = tl.full([BLOCK_N, BLOCK_M], 0.0, dtype=tl.float32)
     offs_r = tl.arange(0, BLOCK_M)
     count = tl.load(KT_COUNT + kt)
     list_base = KT_LIST + kt.to(tl.int64) * NUM_QT

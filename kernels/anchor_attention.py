@@ -340,6 +340,7 @@ class _AnchorBlockAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
+@torch.compiler.disable  # opaque to torch.compile: a clean graph break instead of tracing the launcher
 def anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None):
     """Attention of N draft blocks over their contiguous context range plus their own block keys.
 

@@ -199,18 +199,25 @@ def test_rejects_bad_input():
         anchor_block_attention_triton(q, kv, kv, cs[:1], ce[:1], 4)
 
 
-def test_interpreter_env_independent():
-    "Works in a fresh process whether TRITON_INTERPRET is set before import, or not at all."
-    code = ("import torch; from dflash_nb.kernels import anchor_block_attention_triton as f;"
-            "q=torch.randn(1,2,8,16,requires_grad=True); k=torch.randn(1,1,18,16); v=torch.randn(1,1,18,16);"
-            "cs=torch.tensor([0,2],dtype=torch.int32); ce=torch.tensor([5,10],dtype=torch.int32);"
-            "o=f(q,k,v,cs,ce,4); o.sum().backward(); assert torch.isfinite(q.grad).all(); print('ok')")
-    for env_val in ("1", None):
+def test_interpreter_and_compiler_in_one_process():
+    """Fresh processes: TRITON_INTERPRET set before import, unset, or only while `triton` itself was first imported
+    (which decides how Triton's own standard library is built). In each, a CPU call (interpreter) and an ahead-of-
+    time compile for sm_120 (compiler) both work, in that order."""
+    code = ("import os, sys, torch\n"
+            "if sys.argv[1] == 'triton-imported-interpreted':\n"
+            "    os.environ['TRITON_INTERPRET'] = '1'; import triton; del os.environ['TRITON_INTERPRET']\n"
+            "from dflash_nb.kernels import anchor_block_attention_triton as f, compiled_smem\n"
+            "q=torch.randn(1,2,8,16,requires_grad=True); k=torch.randn(1,1,18,16); v=torch.randn(1,1,18,16)\n"
+            "cs=torch.tensor([0,2],dtype=torch.int32); ce=torch.tensor([5,10],dtype=torch.int32)\n"
+            "o=f(q,k,v,cs,ce,4); o.sum().backward(); assert torch.isfinite(q.grad).all()\n"
+            "assert compiled_smem('fwd', 64, capability=120) > 0\n"
+            "print('ok')\n")
+    for setup in ("env-set", "env-unset", "triton-imported-interpreted"):
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        if env_val:
-            env["TRITON_INTERPRET"] = env_val
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+        if setup == "env-set":
+            env["TRITON_INTERPRET"] = "1"
+        r = subprocess.run([sys.executable, "-c", code, setup], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "ok" in r.stdout, (setup, r.stderr[-2000:])
 
 
 # ------------------------------------------------------------------------------------------------ GPU (bf16)
