@@ -1,0 +1,187 @@
+"""τ and the speculative loop: lossless against plain greedy decoding on 20 chat prompts (real Qwen3 tokenizer, tiny
+target) with an untrained and a briefly trained drafter; the walk's τ (cycle by cycle) equals the real loop's; forced
+perfect / wrong drafters (fault injection) give τ = B / τ = 1; hybrid targets take the recompute path; the CLI."""
+import copy, json, os, subprocess, sys
+from pathlib import Path
+import pytest, torch
+
+from dflash_nb.target import tiny_target, TargetFeatures
+from dflash_nb.model import DrafterConfig, DFlashDrafter
+from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
+from dflash_nb.anchors import sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
+from dflash_nb.attention import AnchorBlockLayout
+from dflash_nb.loss import block_loss
+from dflash_nb.evaluate import (acceptance_length, speculative_generate, greedy_generate, walk_sample, DrafterProposer,
+                                ForcedProposer, compare_decoding)
+
+REPO = Path(__file__).resolve().parents[1]
+B, N_NEW, N_PROMPTS = 8, 17, 20          # 17 = 1 (prefill) + 2·B: a forced-perfect drafter fills every cycle
+QUESTIONS = ["What is {i} plus {j}?", "Name {i} animals that live in the sea.", "Write a haiku about the number {j}.",
+             "Explain recursion to a {i}-year-old.", "Translate 'good morning' into {j} languages."]
+
+
+@pytest.fixture(scope="module")
+def world():
+    torch.set_num_threads(1)
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    # a tiny Qwen3 with tied embeddings: its greedy text mixes runs of repeated tokens with noise, so a briefly
+    # trained drafter accepts some blocks and misses others (a random untied tiny target is unlearnable in seconds)
+    target = tiny_target(tie_word_embeddings=True, initializer_range=0.035)
+    prompts = []
+    for n in range(N_PROMPTS):
+        q = QUESTIONS[n % len(QUESTIONS)].format(i=n + 2, j=3 * n + 1)
+        prompts.append(torch.tensor(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                            tokenize=True, return_dict=False)))
+    greedy = [greedy_generate(target, p, N_NEW)["tokens"] for p in prompts]
+    refs = [torch.cat([p, g]) for p, g in zip(prompts, greedy)]
+    samples = [dict(input_ids=r.tolist(), loss_mask=[0] * len(p) + [1] * N_NEW) for p, r in zip(prompts, refs)]
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=B, target_layer_ids=[1, 3, 5],
+                                    mask_token_id=151669)
+    feats = TargetFeatures(target, cfg.target_layer_ids)
+    torch.manual_seed(0)
+    untrained = DFlashDrafter(cfg, feats.embed_tokens, feats.lm_head).eval()
+    trained = _train(copy.deepcopy(untrained), feats, refs, samples, steps=40)
+    return dict(target=target, prompts=prompts, greedy=greedy, refs=refs, samples=samples, cfg=cfg, feats=feats,
+                untrained=untrained, trained=trained)
+
+
+def _train(drafter, feats, refs, samples, steps, lr=1e-2):
+    "A few optimizer steps on the target's own greedy continuations (the trainer's loss, one sample per step)."
+    drafter.train()
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=lr)
+    g = torch.Generator().manual_seed(0)
+    rows = [feats(r, torch.zeros(len(r), dtype=torch.long)) for r in refs]
+    for step in range(steps):
+        i = step % len(refs)
+        r, S = refs[i], len(refs[i])
+        lm, doc, pos = torch.tensor(samples[i]["loss_mask"]).bool(), torch.zeros(S, dtype=torch.long), torch.arange(S)
+        a, keep = sample_anchors(lm, doc, B, 32, generator=g)
+        labels, valid = anchor_block_labels(r, lm, doc, a, keep, B)
+        h = drafter(rows[i], pos, block_input_ids(r, a, keep, B, drafter.config.mask_token_id), block_position_ids(pos, a, B),
+                    AnchorBlockLayout(a, keep, doc, B))
+        loss = block_loss(h, feats.lm_head.weight, labels, valid).loss
+        opt.zero_grad(); loss.backward(); torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0); opt.step()
+    return drafter.eval()
+
+
+def _loop(world, who, **kw):
+    outs = [speculative_generate(who, world["target"], p, N_NEW, block_size=B, layer_ids=world["cfg"].target_layer_ids, **kw)
+            for p in world["prompts"]]
+    return outs, [o["accept_lengths"] for o in outs]
+
+
+@pytest.mark.parametrize("which", ["untrained", "trained"])
+def test_lossless_and_walk_equals_loop(world, which):
+    drafter = world[which]
+    outs, loop_lengths = _loop(world, drafter)
+    for o, g in zip(outs, world["greedy"]):
+        assert torch.equal(o["tokens"], g)                     # token for token, all 20 prompts
+    walk = acceptance_length(drafter, world["feats"], world["samples"], block_size=B)
+    flat = sum(loop_lengths, [])
+    assert walk["samples"] == N_PROMPTS and walk["cycles"] == len(flat)
+    assert walk["tau"] == pytest.approx(sum(flat) / len(flat), abs=0)
+    assert walk["per_sample_tau"] == [sum(l) / len(l) for l in loop_lengths]
+    # cycle by cycle, sample by sample, including the one-anchor-per-forward walk
+    prop = DrafterProposer(drafter, B)
+    for r, p, l in zip(world["refs"], world["prompts"], loop_lengths):
+        f = world["feats"](r, torch.zeros(len(r), dtype=torch.long))
+        assert walk_sample(prop, r, f, len(p), len(r), B).lengths == l
+        assert walk_sample(prop, r, f, len(p), len(r), B, chunk=1).lengths == l
+    assert sum(walk["histogram"]) == walk["cycles"] and walk["tokens"] == N_PROMPTS * (N_NEW - 1)
+    if which == "trained":  # some blocks were accepted: the loop's crop-after-rejection path really ran
+        assert walk["tau"] > 1.05 and sum(walk["histogram"][1:]) > 0
+
+
+def test_trained_beats_untrained(world):
+    taus = {w: acceptance_length(world[w], world["feats"], world["samples"], block_size=B)["tau"] for w in ("untrained", "trained")}
+    assert taus["untrained"] < 1.05 < taus["trained"], taus
+
+
+@pytest.mark.parametrize("mode,tau", [("perfect", float(B)), ("wrong", 1.0)])
+def test_forced_drafters(world, mode, tau):
+    "Fault injection: predictions overridden to the reference (perfect) or away from it (wrong)."
+    forced = ForcedProposer(world["refs"], B, mode)
+    walk = acceptance_length(forced, world["feats"], world["samples"], block_size=B)
+    assert walk["tau"] == tau
+    assert walk["per_position"] == [1.0 if mode == "perfect" else 0.0] * (B - 1)
+    hist = walk["histogram"]
+    assert (hist[-1] if mode == "perfect" else hist[0]) == walk["cycles"]
+    outs, lengths = _loop(world, forced)
+    assert all(torch.equal(o["tokens"], g) for o, g in zip(outs, world["greedy"]))
+    assert all(o["tau"] == tau for o in outs)
+    assert outs[0]["forwards"] == 1 + (N_NEW - 1) // (B if mode == "perfect" else 1)
+
+
+def test_partial_acceptance_and_stop_tokens(world):
+    "Forced acceptance of varied length, a stop token inside an accepted block, and the cache-free path all agree."
+    forced = ForcedProposer(world["refs"], B, "prefix", seed=3)
+    walk = acceptance_length(forced, world["feats"], world["samples"], block_size=B)
+    assert 1.5 < walk["tau"] < B
+    for cache in ("dynamic", "recompute"):
+        outs, lengths = _loop(world, forced, cache=cache)
+        assert all(torch.equal(o["tokens"], g) for o, g in zip(outs, world["greedy"]))
+        assert walk["tau"] == sum(map(sum, lengths)) / sum(map(len, lengths))
+    # stop at the 10th generated token of prompt 0: both the greedy and the speculative output end there, inclusive
+    p, g = world["prompts"][0], world["greedy"][0]
+    stop = int(g[9])
+    first = int((g == stop).nonzero()[0])
+    s = speculative_generate(ForcedProposer(world["refs"], B, "perfect"), world["target"], p, N_NEW, B,
+                             world["cfg"].target_layer_ids, stop_token_ids=[stop])
+    assert torch.equal(s["tokens"], g[: first + 1])
+    assert torch.equal(greedy_generate(world["target"], p, N_NEW, stop_token_ids=[stop])["tokens"], g[: first + 1])
+
+
+def test_hybrid_target_recompute_is_lossless(world):
+    "Qwen3.5-style linear attention cannot be cropped: `auto` recomputes, and the output is still the target's greedy one."
+    hyb = tiny_target("qwen3_5", num_layers=3)
+    cfg = DrafterConfig.from_target(hyb.config, num_hidden_layers=1, block_size=4, target_layer_ids=[0, 2], mask_token_id=151669)
+    torch.manual_seed(0)
+    dr = DFlashDrafter(cfg, hyb.get_input_embeddings(), hyb.get_output_embeddings()).eval()
+    for p in world["prompts"][:3]:
+        g = greedy_generate(hyb, p, 9)["tokens"]
+        ref = torch.cat([p, g])
+        for who in (dr, ForcedProposer([ref], 4, "prefix")):
+            out = speculative_generate(who, hyb, p, 9, 4, [0, 2])
+            assert out["cache"] == "recompute" and torch.equal(out["tokens"], g)
+        walk = acceptance_length(ForcedProposer([ref], 4, "prefix"), TargetFeatures(hyb, [0, 2]),
+                                 [dict(input_ids=ref.tolist(), loss_mask=[0] * len(p) + [1] * 9)], block_size=4)
+        assert walk["tau"] == speculative_generate(ForcedProposer([ref], 4, "prefix"), hyb, p, 9, 4, [0, 2])["tau"]
+
+
+def test_recompute_reference(world):
+    "Data whose completions the target did not write: recompute_reference walks the target's own greedy continuation."
+    wrong = [dict(input_ids=s["input_ids"][:len(p)] + [11] * N_NEW, loss_mask=s["loss_mask"])
+             for s, p in zip(world["samples"][:4], world["prompts"][:4])]
+    forced = ForcedProposer(world["refs"], B, "perfect")
+    res = acceptance_length(forced, world["feats"], wrong, block_size=B, recompute_reference=True)
+    assert res["tau"] == B and res["samples"] == 4
+
+
+def test_compare_decoding_reports(world):
+    cmp = compare_decoding(world["trained"], world["target"], world["prompts"][:4], N_NEW, block_size=B)
+    assert cmp["identical"] == 4 and cmp["mismatches"] == []
+    assert cmp["tokens"] == 4 * N_NEW and cmp["greedy_ms_per_token"] > 0 and cmp["spec_ms_per_token"] > 0
+    assert cmp["target_forwards"] == 4 + cmp["cycles"]
+
+
+def test_cli(world, tmp_path):
+    "`python -m dflash_nb.evaluate` on tokenized data and an exported drafter, as a real subprocess."
+    from dflash_nb.data import tokenize_dataset, write_jsonl, DataConfig
+    from dflash_nb.export import export_drafter
+    recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight by air."}
+            for i in range(3)]
+    tokenize_dataset([str(write_jsonl(recs, tmp_path / "in.jsonl"))], qwen3_tokenizer_dir(), tmp_path / "data",
+                     DataConfig(min_loss_tokens=4, workers=1), verbose=False)
+    cfg = DrafterConfig.from_target(tiny_target().config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3],
+                                    mask_token_id=151669)
+    t = tiny_target()
+    export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg, tmp_path / "drafter")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny",
+                        "--data", str(tmp_path / "data"), "--num-samples", "2", "--recompute-reference", "--max-new-tokens", "8",
+                        "--speculative", "2", "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "τ = " in r.stdout and "identical to greedy on 2/2" in r.stdout
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["samples"] == 2 and res["block_size"] == 4 and res["tau"] == res["speculative"]["tau"]
+    assert len(res["per_position"]) == 3 and sum(res["histogram"]) == res["cycles"]
