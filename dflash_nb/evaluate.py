@@ -98,7 +98,8 @@ class DrafterProposer:
         from dflash_nb.attention import AnchorBlockLayout
         from dflash_nb.anchors import block_input_ids, block_position_ids
         d, B = self.drafter, self.block_size
-        dev = features.device
+        dev = d.fc.weight.device  # the drafter's device (may differ from the target's: device pairs)
+        features = features.to(dev)
         input_ids = torch.as_tensor(input_ids, device=dev).long()
         anchors = torch.as_tensor(anchors, device=dev).long()
         S = input_ids.shape[0]
