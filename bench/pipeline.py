@@ -18,10 +18,12 @@ Writes bench/results/pipeline.json (or --out).
 from __future__ import annotations
 import argparse, contextlib, json, os, platform, sys, tempfile, time
 from pathlib import Path
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# bench/ holds scripts named like stdlib modules (bench/tokenize.py): keep this folder off the import path
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
+import torch
 
 PRESETS = {
     # a tiny target and drafter: the CPU figures are about the machinery, not about speed

@@ -152,3 +152,15 @@ def test_sigterm_checkpoints_then_exits(tmp_path, data_dir):
     ck = load_checkpoint(tmp_path / "run")
     assert 2 <= ck["state"]["step"] < 400
     assert max(losses(tmp_path / "run")) == ck["state"]["step"]
+
+
+def test_shipped_configs_parse():
+    "Every config in configs/ loads into RunConfig (strict: unknown keys and wrong types would fail); the demo is the packaged one."
+    from dflash_nb.config import load_config
+    from dflash_nb.train import RunConfig, demo_config_path
+    names = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    assert {"demo.yaml", "qwen3-8b-1gpu.yaml", "qwen3.6-27b-4gpu-pairs.yaml"} <= set(names)
+    for n in names: load_config(RunConfig, REPO / "configs" / n)
+    assert (REPO / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
+    pairs = load_config(RunConfig, REPO / "configs" / "qwen3.6-27b-4gpu-pairs.yaml").train
+    assert pairs.devices == [["cuda:0", "cuda:2"], ["cuda:1", "cuda:3"]] and pairs.global_batch % 2 == 0
