@@ -157,6 +157,17 @@ def test_recompute_reference(world):
     assert res["tau"] == B and res["samples"] == 4
 
 
+def test_other_block_size(world):
+    "Evaluating with a smaller block than trained (--block-size): walk and loop still agree, output still lossless."
+    prompts, samples = world["prompts"][:6], world["samples"][:6]
+    walk = acceptance_length(world["trained"], world["feats"], samples, block_size=4)
+    outs = [speculative_generate(world["trained"], world["target"], p, N_NEW, block_size=4) for p in prompts]
+    assert all(torch.equal(o["tokens"], g) for o, g in zip(outs, world["greedy"]))
+    lengths = sum((o["accept_lengths"] for o in outs), [])
+    assert walk["block_size"] == 4 and len(walk["histogram"]) == 4 and max(lengths) <= 4
+    assert walk["tau"] == sum(lengths) / len(lengths)
+
+
 def test_compare_decoding_reports(world):
     cmp = compare_decoding(world["trained"], world["target"], world["prompts"][:4], N_NEW, block_size=B)
     assert cmp["identical"] == 4 and cmp["mismatches"] == []
