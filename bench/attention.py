@@ -161,11 +161,11 @@ def aot_smem():
     return rows
 
 
-SWEEP = {  # candidate (block_m, block_n, warps, stages) per head_dim for --sweep; only smem-checked ones run.
-    # The table picked spill-free configs without a GPU; these include larger tiles that spill a little on
-    # Triton 3.7.1 but may still be faster (and the wgmma-friendly 64/128-row tiles at D = 256).
-    128: [(64, 32, 8, 3), (128, 32, 8, 2), (64, 64, 4, 2), (64, 64, 8, 2), (32, 64, 8, 2), (32, 32, 8, 2)],
-    256: [(32, 32, 8, 2), (64, 32, 8, 2), (64, 16, 8, 2), (16, 32, 8, 1), (32, 16, 8, 2), (16, 64, 8, 1)],
+SWEEP = {  # candidate (block_m, block_n, warps, stages) per head_dim for --sweep; smem-checked before running.
+    # The table was chosen without a GPU (fits, no spills, largest tiles); these add the close alternatives: larger
+    # tiles that fit only narrowly or spill a little on sm_120 but might be faster on Hopper, and smaller ones.
+    128: [(128, 32, 8, 3), (64, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 2), (32, 64, 8, 2), (128, 64, 8, 2)],
+    256: [(64, 32, 8, 2), (32, 32, 8, 2), (32, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 1), (64, 32, 4, 2)],
 }
 
 

@@ -41,36 +41,34 @@ class TileConfig:
 
 
 # Config table, keyed by (head_dim, bytes per input element). How the constants were chosen (no GPU was available
-# when this table was written; bench/attention.py --sweep times the alternatives on a real one):
-# * hard limit: every config must fit SM120's 101,376 bytes of shared memory on both sm_90 and sm_120. Measured
-#   from the compiled metadata of an ahead-of-time compile for each target (tests/test_kernel_compile.py; Triton's
-#   wheel ships ptxas, so this runs on the CPU), and read again from the launched kernels in the bench.
-# * register spills: among the configs that fit, the table takes ones that ptxas (run with Triton's flags, see
-#   `ptxas_stats`) compiles with no or negligible spills on both targets, and among those the largest tiles. Bigger
-#   tiles overflow 255 registers first: the fp32 accumulators (O in the forward, dQ, or dK + dV) plus the resident
-#   bf16 tiles (Q / dO or K / V) all live in registers.
-# * 8 warps wherever the 4-warp version of the same tile spills (it halves every per-thread accumulator share);
-#   4 warps where a tile is small enough (D = 64 dK/dV).
-# * block_m: the forward and dQ tiles hold 128 / 64 / 32 query rows (8 / 4 / 2 blocks of B = 16) at D = 64 / 128 /
-#   256; a wider tile reuses each K/V load for more rows and its union range grows by only ~16 columns per extra
-#   block (512 anchors in 8K tokens), so it is as wide as registers allow. dK/dV streams query tiles past resident
-#   K, V, dK, dV, so its query tile is the small one (32 rows, 16 at D = 256).
-# * block_n 32 at D >= 128 (a 64-wide K/V pair is 32 KB (D = 128) or 64 KB (D = 256) per stage and spills the
-#   score tile); 64 at D = 64.
-# * num_stages 2-3: one or two kv tiles in flight while the current one is multiplied; 3 only where the extra
-#   buffer still fits without spills (D = 128 forward and dQ); 1 for dK/dV at D = 256, whose second Q/dO buffer
-#   costs registers (ptxas spills with 2).
-# Measured (sm_90 / sm_120, Triton 3.7.1, bf16): shared bytes; registers; spill bytes
-#   D=64   fwd  32768/24576  187/220  0/0    dq 49152/49152  194/210  0/0   dkdv 20736/20736  255/214  0/0
-#   D=128  fwd  32768/28672  193/237  0/0    dq 49152/49152  255/228  0/0   dkdv 41216/41216  242/234  0/0
-#   D=256  fwd  34816/34816  255/189  4/0    dq 65536/65536  255/255  12/0  dkdv 57344/57344  255/251  0/0
-# fp32 inputs (tests, debugging) use smaller tiles since every element is twice as wide (checked for shared memory
+# when this table was written; bench/attention.py --sweep times alternatives on a real one):
+# * hard limit: every config fits SM120's 101,376 bytes of shared memory, checked on both sm_90 and sm_120 from the
+#   metadata of an ahead-of-time compile with the specialisation a real launch gets (aligned pointers and strides,
+#   which is what turns on cp.async pipelining and its buffers): tests/test_kernel_compile.py (Triton's wheel ships
+#   ptxas, so this runs on the CPU); the bench reads the launched kernels' metadata again on the GPU.
+# * no register spills (ptxas -v with Triton's flags, `ptxas_stats`) on either target; among configs that fit and
+#   do not spill, the largest query tile, then the deepest pipeline.
+# * block_m (query rows, = whole blocks of B = 16): 128 (8 blocks) for the forward at D <= 128 and dQ at D = 64,
+#   64 at D = 256: each K/V tile loaded from L2 serves block_m rows, while a tile's union range grows by only
+#   ~16 columns per extra block (512 anchors in 8K tokens). dQ at D >= 128 keeps Q, dO and the dQ accumulator
+#   resident, so it uses 64 / 32 rows. dK/dV streams query tiles past resident K, V, dK, dV: 32 rows.
+# * block_n: 32 where the score tile must stay small (a 64 x 64 or 128 x 64 fp32 score tile spills at D >= 128 on
+#   sm_120), 64 / 128 at D = 64 where K/V tiles are small; 128 for dK/dV at D = 64 amortises the per-query-tile
+#   loads (Q, dO, LSE, delta) over more keys.
+# * num_stages 3 (two kv tiles in flight) wherever the extra buffer still fits: the forward at D <= 128 and dQ at
+#   D <= 128; 2 otherwise.
+# * num_warps 8 everywhere: with 4 warps the same tiles spill on sm_120 (every per-thread accumulator share doubles).
+# Measured with Triton 3.7.1, bf16 (sm_90 / sm_120): shared bytes; registers; spill bytes
+#   D=64   fwd 65536/49152 157/174 0/0    dq 57344/49152 104/168 0/0    dkdv 49408/41216 189/180 0/0
+#   D=128  fwd 81920/65536 152/184 0/0    dq 81920/69632 112/164 0/0    dkdv 65792/53504 210/209 0/0
+#   D=256  fwd 98304/69632 174/226 0/0    dq 67584/67584 128/142 12/0   dkdv 67840/67840 200/176 0/0
+# fp32 inputs (tests, debugging) use small tiles since every element is twice as wide (checked for shared memory
 # only: fp32 is not a training dtype here).
 _C = TileConfig
 CONFIGS = {
-    (64, 2): {"fwd": _C(128, 64, 8, 2), "dq": _C(128, 64, 8, 2), "dkdv": _C(32, 32, 4, 2)},
-    (128, 2): {"fwd": _C(64, 32, 8, 3), "dq": _C(64, 32, 8, 3), "dkdv": _C(32, 32, 8, 2)},
-    (256, 2): {"fwd": _C(32, 32, 8, 2), "dq": _C(32, 32, 8, 2), "dkdv": _C(16, 32, 8, 1)},
+    (64, 2): {"fwd": _C(128, 64, 8, 3), "dq": _C(128, 32, 8, 3), "dkdv": _C(32, 128, 8, 2)},
+    (128, 2): {"fwd": _C(128, 32, 8, 3), "dq": _C(64, 32, 8, 3), "dkdv": _C(32, 64, 8, 2)},
+    (256, 2): {"fwd": _C(64, 32, 8, 2), "dq": _C(32, 32, 8, 2), "dkdv": _C(32, 32, 8, 2)},
     (64, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 2), "dkdv": _C(32, 32, 4, 2)},
     (128, 4): {"fwd": _C(32, 32, 4, 2), "dq": _C(32, 32, 4, 1), "dkdv": _C(16, 32, 4, 1)},
     (256, 4): {"fwd": _C(16, 16, 4, 1), "dq": _C(16, 16, 4, 1), "dkdv": _C(16, 16, 4, 1)},
@@ -386,7 +384,13 @@ def compile_for_target(kind, head_dim, dtype=torch.bfloat16, capability=90, bloc
     const = dict(B=block_size, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim,
                  CAUSAL=bool(causal), UPCAST=False, IEEE=dtype == torch.float32)
     ptrs.update({n: "constexpr" for n in const})
-    src = ASTSource(fn=fn, signature=_signature(fn, ptrs), constexprs=const)
+    sig = _signature(fn, ptrs)
+    # the specialisation a real launch gets: 16-byte aligned tensors and strides divisible by 16 (D >= 16) carry
+    # tt.divisibility = 16, which enables vectorised loads and cp.async pipelining (and its shared-memory buffers);
+    # without it the compile would be pessimistic and under-report shared memory
+    aligned = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items()
+               if t.startswith("*") or n.startswith("stride_")}
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 

@@ -159,11 +159,11 @@ def test_single_block():
 
 @pytest.mark.parametrize("D", [64, 128, 256])
 def test_production_tiles_b16(D):
-    "The real (GPU) tile table at B = 16 (tiles of 8 / 4 / 2 whole blocks), S = 150, 9 anchors, two documents."
+    "The real (GPU) tile table at B = 16 (forward tiles of 8 / 8 / 4 whole blocks), S = 150, 9 anchors, two docs."
     anchors = [(0, 0), (0, 17), (0, 40), (0, 77), (0, 99), (1, 0), (1, 9), (1, 30), (1, 49)]
     check_case([100, 50], anchors, B=16, H=4, HKV=2, D=D, dtype=torch.float16, window=48, cfg=None)
     cfg, bpt = pick_config("fwd", D, torch.float16, 16)
-    assert cfg.block_m == bpt * 16 == {64: 128, 128: 64, 256: 32}[D]
+    assert cfg.block_m == bpt * 16 == {64: 128, 128: 128, 256: 64}[D]
 
 
 def test_deterministic_backward():

@@ -37,3 +37,10 @@ def test_limit_is_enforced():
     "The measurement is real: an oversized tile is reported above the SM120 limit."
     big = TileConfig(128, 128, 8, 3)
     assert compiled_smem("fwd", 256, torch.bfloat16, 90, cfg=big) > SMEM_LIMIT
+
+
+def test_compile_is_specialised_like_a_launch():
+    """The AOT compile carries the launch-time specialisation (16-byte aligned pointers and strides), so the kv loop
+    is software-pipelined with cp.async just as on the GPU; without it shared memory would be under-reported."""
+    compiled = compile_for_target("fwd", 128, torch.bfloat16, 90)
+    assert "async_copy" in compiled.asm["ttgir"]
