@@ -280,14 +280,14 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
     H, HKV, N, NB, D, S, L = _check(q, k, v, cs, ce, B)
     interpret = _use_interpreter(q)
     kern = _kernels(interpret)
-    do = _last_dim_contig(do)
+    q, k, v, do = _last_dim_contig(q), _last_dim_contig(k), _last_dim_contig(v), _last_dim_contig(do)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
     dk = torch.empty((1, HKV, L, D), device=k.device, dtype=k.dtype)
     dv = torch.empty((1, HKV, L, D), device=v.device, dtype=v.dtype)
     if NB == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty((H, NB), device=q.device, dtype=torch.float32)
-    pre_m = 64
+    pre_m = max(16, 4096 // D)  # 64 fp32 values of O and dO per thread at 4 warps, for every head_dim
     kern._bwd_preprocess[(H, triton_cdiv(NB, pre_m))](
         o, do, delta, o.stride(1), o.stride(2), do.stride(1), do.stride(2), NB, BLOCK_M=pre_m, HEAD_DIM=D)
     common = dict(CAUSAL=bool(causal), UPCAST=interpret, IEEE=q.dtype == torch.float32, HEAD_DIM=D, B=B)
@@ -331,6 +331,7 @@ class _AnchorBlockAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse, cs, ce = ctx.saved_tensors
         with _interpret_env(_use_interpreter(q)):
@@ -370,19 +371,23 @@ def compile_for_target(kind, head_dim, dtype=torch.bfloat16, capability=90, bloc
     from triton.compiler import ASTSource
 
     kern = _kernels(False)
-    if cfg is None:
+    if kind == "pre":  # the backward's delta = rowsum(dO * O) kernel (fixed shape, 4 warps)
+        cfg, bpt = TileConfig(max(16, 4096 // head_dim), 16, 4, 1), 1
+    elif cfg is None:
         cfg, bpt = pick_config(kind, head_dim, dtype, block_size)
     else:
         bpt = max(1, cfg.block_m // block_size)
         cfg = replace(cfg, block_m=max(16, _next_pow2(bpt * block_size)))
     ty = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}[dtype]
-    fn = {"fwd": kern._fwd, "dq": kern._bwd_dq, "dkdv": kern._bwd_dkdv}[kind]
+    fn = {"fwd": kern._fwd, "dq": kern._bwd_dq, "dkdv": kern._bwd_dkdv, "pre": kern._bwd_preprocess}[kind]
     ptrs = {n: "*" + ty for n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")}
     ptrs.update({n: "*fp32" for n in ("LSE", "DELTA")})
     ptrs.update({n: "*i32" for n in ("CS", "CE", "QT_ORDER", "KT_ORDER", "KT_COUNT", "KT_LIST")})
     ptrs.update({n: "fp32" for n in ("qk_scale", "sm_scale")})
     const = dict(B=block_size, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=head_dim,
                  CAUSAL=bool(causal), UPCAST=False, IEEE=dtype == torch.float32)
+    if kind == "pre":
+        const = dict(BLOCK_M=cfg.block_m, HEAD_DIM=head_dim)
     ptrs.update({n: "constexpr" for n in const})
     sig = _signature(fn, ptrs)
     # the specialisation a real launch gets: 16-byte aligned tensors and strides divisible by 16 (D >= 16) carry
