@@ -131,8 +131,9 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """Forward: one program per (query head, query tile of BPT whole draft blocks)."""
     tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
-    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
+    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
+    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a reduction dim of at least 16")
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
@@ -229,8 +230,9 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """dQ: one program per (query head, query tile); walks the same kv ranges as the forward."""
     tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
-    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
+    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
+    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
     tile = tl.load(QT_ORDER + tl.program_id(1))
@@ -283,8 +285,9 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LI
     (host-built list KT_LIST[kt, :KT_COUNT[kt]], ascending) and over the GROUP query heads of the kv head.
     Each dK/dV element is written by exactly one program: no atomics, bitwise deterministic."""
     tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16, "tl.dot needs at least 16 rows")
-    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
+    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
+    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
     ROWS: tl.constexpr = BPT * B
     hk = tl.program_id(0)
     kt = tl.load(KT_ORDER + tl.program_id(1))  # busiest kv tiles first
