@@ -288,7 +288,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty((H, NB), device=q.device, dtype=torch.float32)
     pre_m = max(16, 4096 // D)  # 64 fp32 values of O and dO per thread at 4 warps, for every head_dim
-    kern._bwd_preprocess[(H, triton_cdiv(NB, pre_m))](
+    kern._bwd_preprocess[(H, _cdiv(NB, pre_m))](
         o, do, delta, o.stride(1), o.stride(2), do.stride(1), do.stride(2), NB, BLOCK_M=pre_m, HEAD_DIM=D)
     common = dict(CAUSAL=bool(causal), UPCAST=interpret, IEEE=q.dtype == torch.float32, HEAD_DIM=D, B=B)
     qk_scale = scale * 1.4426950408889634
@@ -317,7 +317,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
     return dq, dk, dv
 
 
-def triton_cdiv(a, b):
+def _cdiv(a, b):
     return -(-a // b)
 
 
