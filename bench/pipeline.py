@@ -60,7 +60,7 @@ def build_target(tcfg: dict, device: torch.device, dtype: torch.dtype):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"], help="default: cuda when present")
     ap.add_argument("--split", action="store_true", help="target on cuda:0, drafter on cuda:1")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per phase")
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured steps per phase (also the trainer's log interval)")

@@ -164,3 +164,23 @@ def test_shipped_configs_parse():
     assert (REPO / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
     pairs = load_config(RunConfig, REPO / "configs" / "qwen3.6-27b-4gpu-pairs.yaml").train
     assert pairs.devices == [["cuda:0", "cuda:2"], ["cuda:1", "cuda:3"]] and pairs.global_batch % 2 == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [False, True])
+def test_gpu_pipelined_equals_sequential(tmp_path, data_dir, split):
+    "On CUDA (streams, events, non_blocking copies, bf16 autocast, fused AdamW skip): pipelined == sequential; split pair if 2 GPUs."
+    if split and torch.cuda.device_count() < 2: pytest.skip("needs 2 GPUs for a split target -> drafter pair")
+    devices = [["cuda:0", "cuda:1" if split else "cuda:0"]]
+    runs = {}
+    for mode in (True, False):
+        s = train(train_cfg(tmp_path / f"g{int(mode)}", data_dir, steps=4, pipeline=mode, devices=devices, backend="sdpa",
+                            fault={"nan_loss_steps": [2]}))
+        runs[mode] = losses(tmp_path / f"g{int(mode)}")
+        assert s["nonfinite_total"] == 1
+        rec = s["final"]
+        assert set(rec["peak_mem_gb"]) == {d for pair in devices for d in pair}
+        if split: assert rec["transfer_gb_s"] and rec["transfer_gb_s"] > 0
+    for k in runs[True]:
+        if k == 3: continue   # the NaN step
+        assert abs(runs[True][k] - runs[False][k]) <= 2e-3 * max(1, abs(runs[False][k])), (k, runs[True][k], runs[False][k])
