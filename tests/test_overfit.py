@@ -9,7 +9,7 @@ import pytest, torch
 from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
 from dflash_nb.target import tiny_target, TargetFeatures
 from dflash_nb.model import DrafterConfig, DFlashDrafter, resolve_mask_token_id
-from dflash_nb.anchors import make_packed_row, sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
+from dflash_nb.anchors import make_packed_row, valid_anchor_mask, sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
 from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.loss import block_loss
 
@@ -68,9 +68,10 @@ def test_drafter_overfits_eight_samples(one_thread):
     def evaluate():
         "Loss and per-slot accuracy over every valid anchor of the row."
         with torch.no_grad():
-            out = step(10_000)
+            out = step(n_valid)
         return out.loss.item(), (out.slot_correct.float() / out.slot_count.clamp(min=1)).tolist()
 
+    n_valid = int(valid_anchor_mask(row["loss_mask"], row["doc_ids"]).sum())   # all of them, no padded anchors
     start_loss, start_acc = evaluate()
     assert start_loss > 10 and start_acc[1] < 0.05
     t0, history = time.time(), []
