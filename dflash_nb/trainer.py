@@ -403,12 +403,12 @@ class S3Uploader:
     def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print):
         self.bucket, self.prefix = split_s3(uri)
         self.endpoint_url, self.retries, self.backoff, self.keep, self.report = endpoint_url, retries, backoff, keep, report
-        self.q, self.uploaded, self.failed = queue.Queue(), [], []
+        self.q, self.uploaded, self.failed, self.pending = queue.Queue(), [], [], []
         self.thread = threading.Thread(target=self._run, name="s3-upload", daemon=True); self.thread.start()
 
     def key(self, *parts) -> str: return "/".join(p for p in (self.prefix, *parts) if p)
 
-    def submit(self, ckpt_dir: Path): self.q.put(Path(ckpt_dir))
+    def submit(self, ckpt_dir: Path): self.pending.append(Path(ckpt_dir).name); self.q.put(Path(ckpt_dir))
 
     def _upload(self, d: Path):
         c = s3_client(self.endpoint_url)
@@ -437,10 +437,15 @@ class S3Uploader:
                                  "local_copy": str(d)})
                     if last: self.failed.append(d.name)
                     else: time.sleep(delay); delay *= 2
+            self.pending.remove(d.name)
 
-    def close(self, timeout: float = 600.0):
-        "Finish pending uploads (up to `timeout` seconds)."
+    def close(self, timeout: float = 600.0) -> bool:
+        "Finish pending uploads (up to `timeout` seconds); reports and returns False if some are still unfinished."
         self.q.put(None); self.thread.join(timeout)
+        if not self.pending: return True
+        self.report({"event": "s3_upload_unfinished", "checkpoints": list(self.pending), "waited_s": timeout,
+                     "local_copy": "kept"})
+        return False
 
 def download_checkpoint(uri: str, dest, endpoint_url=None) -> Path:
     "Download `s3://bucket/prefix` (its `latest`) or `s3://bucket/prefix/step-…` into `dest`; returns the local checkpoint dir."
@@ -795,6 +800,7 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
                "final": history[-1] if history else {}, "checkpoint": str(last_ckpt[0]) if last_ckpt[0] else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": backend, "world_size": world,
                "s3_uploaded": uploader.uploaded if uploader else [], "s3_failed": uploader.failed if uploader else [],
+               "s3_unfinished": list(uploader.pending) if uploader else [],
                "run_dir": str(run_dir)}
     if rank == 0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

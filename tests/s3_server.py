@@ -66,10 +66,14 @@ class S3Server:
                f"-master.port={master}", f"-master.port.grpc={master_g}", f"-volume.port={volume}", f"-volume.port.grpc={volume_g}",
                f"-filer.port={filer}", f"-filer.port.grpc={filer_g}", "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_g}",
                "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={d / 's3.json'}", "-master.volumeSizeLimitMB=64",
-               "-volume.max=16", "-volume.preStopSeconds=0", "-master.telemetry=false"]
+               "-volume.max=64", "-volume.preStopSeconds=0", "-master.telemetry=false"]
+        # Every bucket is its own SeaweedFS collection, and a collection's first write grows 7 volumes by default: with
+        # a volume cap that let only 2 buckets per server take data, the 3rd bucket of a session failed every PUT
+        # ("No writable volumes and no free volumes left"). Grow 1 volume at a time (volumes are sparse files).
+        env = {**os.environ, "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
         log = d / "weed.log"
         with open(log, "wb") as lf:
-            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         srv = cls(f"http://127.0.0.1:{s3}", proc, d, log=log)
         try:
             srv._wait_ready(timeout)
@@ -89,6 +93,7 @@ class S3Server:
                 c.put_object(Bucket=b, Key="probe", Body=b"ok")
                 assert c.get_object(Bucket=b, Key="probe")["Body"].read() == b"ok"
                 c.delete_object(Bucket=b, Key="probe")
+                c.delete_bucket(Bucket=b)          # frees its collection's volume
                 return
             except Exception as err:
                 last = err
