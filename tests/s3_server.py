@@ -84,12 +84,13 @@ class S3Server:
 
     def _wait_ready(self, timeout: float):
         deadline, last = time.monotonic() + timeout, None
+        b = f"ready-{uuid.uuid4().hex[:8]}"    # ONE probe bucket however many tries: each bucket takes volumes
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:                                   # ready = a bucket can be created and written (volumes allocated)
-                c, b = self.client(), f"ready-{uuid.uuid4().hex[:8]}"
-                c.create_bucket(Bucket=b)
+                c = self.client()
+                if b not in {x["Name"] for x in c.list_buckets().get("Buckets", [])}: c.create_bucket(Bucket=b)
                 c.put_object(Bucket=b, Key="probe", Body=b"ok")
                 assert c.get_object(Bucket=b, Key="probe")["Body"].read() == b"ok"
                 c.delete_object(Bucket=b, Key="probe")
