@@ -27,7 +27,6 @@ class RegenConfig:
     batch_size: int = opt(32, "prompts per generate() call")
     heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ")
     max_prompts: Optional[int] = opt(None, "use only the first N prompts")
-    enable_thinking: bool = opt(True, "render prompts with the chat template's thinking mode (as the data pipeline does)")
 
 @dataclass
 class EvalConfig:
@@ -66,33 +65,68 @@ def read_prompts(path) -> list[list[dict]]:
         else: raise ValueError(f"{path}:{i + 1}: expected a `prompt` or `messages` field")
     return out
 
+def _first_diff(a: list, b: list) -> int:
+    "Index of the first position where `a` and `b` differ (the shorter length when one is a prefix of the other)."
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+@torch.inference_mode()
+def _greedy_prefix(target, prompt_ids: list[int], gen: list[int]) -> int:
+    "How many leading tokens of `gen` are the argmax of one unpadded batch-1 forward over prompt + gen (the verifier's view)."
+    if not gen: return 0
+    dev = next(target.parameters()).device
+    ids = torch.tensor([prompt_ids + gen], device=dev)
+    logits = target(input_ids=ids, logits_to_keep=len(gen) + 1).logits[0, :-1]   # predictions of gen[0..]
+    return _first_diff(logits.argmax(-1).tolist(), gen)
+
+def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], gen: list[int], eot: list[int]):
+    "(text, n): the longest prefix gen[:n] whose decoded text the data pipeline tokenizes back into prompt_ids + gen[:n] + eot."
+    from dflash_nb.data import normalize_record, RecordError
+    for _ in range(8):                     # a cut can change the last word's tokens again: repeat until stable
+        text = tokenizer.decode(gen, skip_special_tokens=False)
+        enc = encoder.encode([normalize_record({"messages": prompt + [{"role": "assistant", "content": text}]})])[0]
+        if isinstance(enc, RecordError): raise enc
+        ids = enc.ids.tolist()
+        if ids[:enc.lo] != prompt_ids:
+            raise ValueError("the data pipeline renders this prompt differently from the prompt given to the target")
+        span = ids[enc.lo:enc.hi]
+        n = _first_diff(span, gen)
+        if n == len(gen) and span[n:] == eot: return text, n
+        gen = gen[:min(n, len(gen) - 1)]
+    return "", 0
+
 @torch.inference_mode()
 def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_tokens: int = 64, batch_size: int = 32,
-               enable_thinking: bool = True) -> Path:
-    "Complete each prompt with the target's greedy decoding; write chat JSONL (`messages` = prompt + assistant completion)."
+               data_cfg: DataConfig | None = None) -> dict:
+    "Complete each prompt with the target's greedy decoding; write chat JSONL whose tokenization is exactly prompt + target tokens."
+    from dflash_nb.data import ChatRenderer, SampleEncoder
+    data_cfg = data_cfg or DataConfig()
+    renderer, encoder = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn), SampleEncoder(tokenizer, data_cfg)
+    eot = tokenizer(renderer.end_of_turn, add_special_tokens=False)["input_ids"]   # the data pipeline's end of turn
     dev = next(target.parameters()).device
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking) for p in prompts]
-    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else tokenizer.eos_token_id
+    enc = [tokenizer(renderer.render(p, add_generation_prompt=True), add_special_tokens=False)["input_ids"] for p in prompts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot[-1]
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # similar lengths per batch: little padding
-    completions = [None] * len(enc)
+    gens = [None] * len(enc)
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         T = max(len(enc[i]) for i in idx)
         ids = torch.tensor([[pad] * (T - len(enc[i])) + enc[i] for i in idx], device=dev)
         mask = torch.tensor([[0] * (T - len(enc[i])) + [1] * len(enc[i]) for i in idx], device=dev)
         out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                              temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eos)
-        for j, i in enumerate(idx):
-            g = out[j, T:].tolist()
-            if eos in g: g = g[:g.index(eos)]
-            completions[i] = tokenizer.decode(g, skip_special_tokens=True)
+                              temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eot[-1])
+        for j, i in enumerate(idx): gens[i] = out[j, T:].tolist()
+    stats = dict(prompts=len(prompts), generated=0, kept=0, cut_by_verify=0, cut_by_round_trip=0)
     out_path = Path(out_path); out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w", encoding="utf-8") as f:
-        for p, c in zip(prompts, completions):
-            f.write(json.dumps({"messages": p + [{"role": "assistant", "content": c}]}, ensure_ascii=False) + "\n")
-    return out_path
+        for p, e, g in zip(prompts, enc, gens):
+            if eot[-1] in g: g = g[:g.index(eot[-1])]     # the end of turn is added back by the template
+            stats["generated"] += len(g)
+            n = _greedy_prefix(target, e, g)
+            stats["cut_by_verify"] += n < len(g); g = g[:n]
+            text, n = _round_trip(encoder, tokenizer, p, e, g, eot)
+            stats["cut_by_round_trip"] += n < len(g); stats["kept"] += n
+            f.write(json.dumps({"messages": p + [{"role": "assistant", "content": text}]}, ensure_ascii=False) + "\n")
+    return dict(path=out_path, **stats)
 
 # %% ../nbs/11_train.ipynb #18f62b2f
 def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
@@ -124,13 +158,18 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tupl
         trainp = prompts[: len(prompts) - len(held)]
         t0 = time.perf_counter()
         gen = run_dir / "generated"
-        train_jsonl = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, rg.enable_thinking)
+        rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
+        train_jsonl = rt["path"]
         inputs.append(str(train_jsonl))
         if held:
-            held_jsonl = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, rg.enable_thinking)
+            rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
+            held_jsonl = rh["path"]
             held_dir = str(run_dir / "data" / "heldout")
             tokenize_dataset([str(held_jsonl)], tok_dir, held_dir, cfg.data, verbose=False)
-        log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in {time.perf_counter() - t0:.1f}s -> {gen}")
+        st = {k: rt[k] + (rh[k] if held else 0) for k in ("generated", "kept", "cut_by_verify", "cut_by_round_trip")}
+        log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in {time.perf_counter() - t0:.1f}s -> {gen}\n"
+            f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; {st['cut_by_round_trip']} completions cut "
+            f"where the text re-tokenizes differently, {st['cut_by_verify']} where batch-1 greedy differs)")
     if inputs:
         train_dir = str(run_dir / "data" / "train")
         tokenize_dataset(inputs, tok_dir, train_dir, cfg.data, verbose=True)
