@@ -91,26 +91,35 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo, row_hi, S,
+                 B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+                 IEEE: tl.constexpr):
+    """Load the kv tile at start_n (columns >= hi masked) and score it: (k, v, q @ k^T, visibility), shared by fwd and dQ."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < hi
+    kv_rows = offs_n.to(tl.int64)[:, None]
+    k = tl.load(k_base + kv_rows * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(v_base + kv_rows * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = _dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32), IEEE)
+    vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S, B, CTX, OWN, CAUSAL)
+    return k, v, qk, vis & col_ok[None, :] & row_ok[:, None]
+
+
+@triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
                offs_m, row_ok, row_lo, row_hi, S, qk_scale,
                B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                IEEE: tl.constexpr):
     """Online-softmax sweep of kv columns [lo, hi) for one query tile (context phase or own-key phase)."""
-    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < hi
-        kv_rows = offs_n.to(tl.int64)[:, None]
-        k = tl.load(k_base + kv_rows * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + kv_rows * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        qk = _dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32), IEEE)
-        vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S,
-                       B, CTX, OWN, CAUSAL)
-        vis = vis & col_ok[None, :] & row_ok[:, None]
+        k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
+                                     row_hi, S, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
         s = tl.where(vis, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: no inf - inf
@@ -199,21 +208,10 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, h
               CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
               IEEE: tl.constexpr):
     """dQ accumulation over kv columns [lo, hi) (recomputes P from the saved LSE)."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    zero = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < hi
-        kv_rows = offs_n.to(tl.int64)[:, None]
-        k = tl.load(k_base + kv_rows * stride_kn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        v = tl.load(v_base + kv_rows * stride_vn + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        zero = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
-        qk = _dot(q, tl.trans(k), zero, IEEE)
-        vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S,
-                       B, CTX, OWN, CAUSAL)
-        vis = vis & col_ok[None, :] & row_ok[:, None]
+        k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
+                                     row_hi, S, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
         p = tl.where(vis, tl.exp2(qk * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), zero, IEEE)
         ds = p * (dp - delta[:, None])
