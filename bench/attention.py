@@ -24,10 +24,6 @@ from __future__ import annotations
 import os
 import sys
 
-# bench/ holds scripts named like stdlib modules (bench/tokenize.py): drop the script directory from sys.path
-# before anything imports them by accident (torch -> traceback -> linecache -> tokenize)
-_HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 
 import argparse
 import json

@@ -102,7 +102,7 @@ for f in "$REPO"/bench/*.py; do
   case "$(basename "$f")" in attention.py|pipeline.py|_*|conftest.py) continue ;; esac
   others+=("$f")
 done
-# run through runpy so that sys.path[0] is the shadow tree, not bench/ (bench/tokenize.py would shadow the stdlib)
+# run through runpy so that sys.path[0] is the shadow tree, not bench/
 for f in "${others[@]}"; do
   note "   $(basename "$f")"
   step "$(basename "$f")" timeout "$OTHER_TIMEOUT" "$PY" -c \

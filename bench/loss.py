@@ -26,8 +26,6 @@ Usage: python bench/loss.py [--anchors N] [--hidden H] [--vocab V] [--block B] [
 from __future__ import annotations
 import sys
 from pathlib import Path
-# run as a script, bench/ is sys.path[0]; drop it so sibling scripts (e.g. bench/tokenize.py) cannot shadow stdlib modules
-if sys.path and Path(sys.path[0] or ".").resolve() == Path(__file__).resolve().parent: sys.path.pop(0)
 import argparse, json, os, platform, resource, subprocess, time
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

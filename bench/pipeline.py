@@ -20,8 +20,6 @@ import argparse, contextlib, json, os, platform, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# bench/ holds scripts named like stdlib modules (bench/tokenize.py): keep this folder off the import path
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(ROOT))
 import torch
 

@@ -23,12 +23,10 @@ between sessions (Linux autogroup, /proc/sys/kernel/sched_autogroup_enabled = 1)
 get one session's share, so while other sessions are busy a second worker cannot add throughput at all; compare the
 per-CPU-second figures there (how productive each worker's CPU time is), and the wall figures only on a quiet machine.
 
-Usage: python bench/tokenize.py [--records 4000] [--files 8] [--shard-mb 2] [--out bench/results/tokenize.json]
+Usage: python bench/tokenization.py [--records 4000] [--files 8] [--shard-mb 2] [--out bench/results/tokenize.json]
 """
 from __future__ import annotations
 import sys, os
-# this file's name shadows the standard library's `tokenize` (which transformers needs): drop bench/ from the import path
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or ".") != os.path.dirname(os.path.realpath(__file__))]
 import argparse, json, platform, shutil, tempfile, time
 from pathlib import Path
 
