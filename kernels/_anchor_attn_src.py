@@ -91,6 +91,23 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
+def _query_tile(CS, CE, QT_ORDER, S, NB, B: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's query tile: first row, rows, their validity, each row's context range and the tile's union [lo, hi)."""
+    tile = tl.load(QT_ORDER + tl.program_id(1))  # heaviest tiles first (host-side order)
+    offs_r = tl.arange(0, BLOCK_M)
+    row0 = tile * ROWS
+    offs_m = row0 + offs_r
+    row_ok = (offs_r < ROWS) & (offs_m < NB)
+    blk = offs_m // B
+    row_lo = tl.load(CS + blk, mask=row_ok, other=0)
+    row_hi = tl.load(CE + blk, mask=row_ok, other=0)
+    live = row_hi > row_lo
+    lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)  # union of the tile's context ranges (empty: lo=S > hi=0)
+    hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
+    return row0, offs_m, row_ok, row_lo, row_hi, lo, hi
+
+
+@triton.jit
 def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo, row_hi, S,
                  B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
@@ -146,19 +163,9 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a reduction dim of at least 16")
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
-    tile = tl.load(QT_ORDER + tl.program_id(1))  # heaviest tiles first (host-side order)
     hk = h // GROUP
-    row0 = tile * ROWS
-    offs_r = tl.arange(0, BLOCK_M)
-    offs_m = row0 + offs_r
-    row_ok = (offs_r < ROWS) & (offs_m < NB)
+    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, B, ROWS, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    blk = offs_m // B
-    row_lo = tl.load(CS + blk, mask=row_ok, other=0)
-    row_hi = tl.load(CE + blk, mask=row_ok, other=0)
-    live = row_hi > row_lo
-    lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)  # union of the tile's context ranges (empty: lo=S > hi=0)
-    hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
 
     q_ptrs = Q + h.to(tl.int64) * stride_qh + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
@@ -233,19 +240,9 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
     tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
-    tile = tl.load(QT_ORDER + tl.program_id(1))
     hk = h // GROUP
-    row0 = tile * ROWS
-    offs_r = tl.arange(0, BLOCK_M)
-    offs_m = row0 + offs_r
-    row_ok = (offs_r < ROWS) & (offs_m < NB)
+    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, B, ROWS, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    blk = offs_m // B
-    row_lo = tl.load(CS + blk, mask=row_ok, other=0)
-    row_hi = tl.load(CE + blk, mask=row_ok, other=0)
-    live = row_hi > row_lo
-    lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)
-    hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
 
     rows = offs_m.to(tl.int64)[:, None]
     q = tl.load(Q + h.to(tl.int64) * stride_qh + rows * stride_qm + offs_d[None, :], mask=row_ok[:, None], other=0.0)
