@@ -89,7 +89,7 @@ def make_backends(anchors, keep, doc_ids, window, causal, H, HKV):
     from dflash_nb.masks import anchor_block_block_mask, anchor_context_ranges, dense_anchor_block_mask
 
     cs, ce = anchor_context_ranges(anchors, keep, doc_ids, window)
-    out = {"triton": lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, BLOCK, causal)}
+    out = {"triton": lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, BLOCK, causal, window=window)}
 
     def flex_factory():
         from torch.nn.attention.flex_attention import flex_attention

@@ -51,11 +51,11 @@ class AnchorBlockLayout:
         def build():
             cs, ce = self.context_ranges(window)
             mm = anchor_block_mask_mod(self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block)
-            return block_mask_from_ranges(cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size)
+            return block_mask_from_ranges(cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size, window)
         return self._get(("block_mask", window, causal_in_block), build)
 
     def context_ranges(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        "int32 (ctx_start, ctx_end) per block for this window (in-block causality does not change them)."
+        "int32 (ctx_start, ctx_end) per block: the union of its slots' context for this window (in-block causality does not change it)."
         return self._get(("ranges", window, None), lambda: anchor_context_ranges(self.anchors, self.keep, self.doc_ids, window,
                                                                           # the contiguity check reads values on the host: a sync per
                                                                           # step on GPU, so it runs only for CPU rows (tests, notebooks)
@@ -110,9 +110,10 @@ def _flex(q, k, v, block_mask, scale):
     if q.device.type == "cpu": q, k, v = q.detach(), k.detach(), v.detach()   # torch refuses CPU inputs that require grad
     return _flex_call(q, k, v, block_mask, scale)
 
-def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale):
+def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
     from dflash_nb.kernels import anchor_block_attention_triton      # lazy: Triton is only needed for this backend
-    return anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block, scale=scale)
+    return anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block,
+                                         scale=scale, window=window)
 
 # %% ../nbs/04_attention.ipynb #fb60eff3
 def _check_shapes(q, k, v, layout):
@@ -131,13 +132,13 @@ def anchor_block_attention(q: torch.Tensor,        # (1, H, N·B, D) block queri
                            keep: torch.Tensor | None = None,     # (N,) bool
                            doc_ids: torch.Tensor | None = None,  # (S,) document ids
                            block_size: int | None = None,        # B
-                           window: int | None = None,            # sliding window W (None = full attention)
+                           window: int | None = None,            # sliding window W, per query (None = full attention)
                            causal_in_block: bool = False,        # causal inside each block (sliding layers)
                            backend: str = "auto",                # "auto", "sdpa", "flex" or "triton"
                            layout: AnchorBlockLayout | None = None,  # the step's shared layout (built here if None)
                            scale: float | None = None,           # softmax scale, default 1/sqrt(D)
                           ) -> torch.Tensor:                     # (1, H, N·B, D), differentiable
-    "Anchor-block attention (DESIGN §4) through the chosen backend."
+    "Anchor-block attention (the serving rule of chapter 03, per query) through the chosen backend."
     if layout is None:
         if anchors is None or keep is None or doc_ids is None or block_size is None:
             raise ValueError("give either layout= or anchors, keep, doc_ids and block_size")
@@ -149,7 +150,7 @@ def anchor_block_attention(q: torch.Tensor,        # (1, H, N·B, D) block queri
     if backend == "flex": return _flex(q, k, v, layout.block_mask(window, causal_in_block), scale)
     if backend == "triton":
         cs, ce = layout.context_ranges(window)
-        return _triton(q, k, v, cs, ce, layout.block_size, causal_in_block, scale)
+        return _triton(q, k, v, cs, ce, layout.block_size, causal_in_block, scale, window)
     raise ValueError(f"unknown attention backend {backend!r}; choose one of 'auto', {', '.join(map(repr, BACKENDS))}")
 
 # %% ../nbs/04_attention.ipynb #671f5988

@@ -8,30 +8,51 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 # %% auto #0
-__all__ = ['dense_anchor_block_mask', 'mask_grid', 'document_starts', 'anchor_context_ranges', 'ranges_to_dense',
-           'anchor_block_mask_mod', 'block_mask_from_ranges', 'anchor_block_block_mask', 'block_masks_equal']
+__all__ = ['check_window', 'serving_visible', 'dense_anchor_block_mask', 'mask_grid', 'document_starts', 'anchor_context_ranges',
+           'own_slot_range', 'row_context_ranges', 'ranges_to_dense', 'anchor_block_mask_mod', 'block_mask_from_ranges',
+           'anchor_block_block_mask', 'block_masks_equal']
+
+# %% ../nbs/03_masks.ipynb #1e49fb84
+def check_window(window: int | None) -> None:
+    "A sliding window must hold at least the query itself: `W ≥ 1` (or None for a full layer)."
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 (it counts the query itself), got {window}")
+
+def serving_visible(q_pos: torch.Tensor,   # query positions (broadcast against k_pos)
+                    k_pos: torch.Tensor,   # key positions
+                    causal: bool = False,  # keys after the query are hidden
+                    window: int | None = None,  # sliding window W (counts the query itself); None = no window
+                   ) -> torch.Tensor:      # bool, True = the key is visible
+    "The serving rule of one drafter layer: causal `k_pos <= q_pos`, window `q_pos − k_pos < W` (both sides when not causal)."
+    check_window(window)
+    vis = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
+    if causal: vis = vis & (k_pos <= q_pos)
+    if window is not None:
+        vis = vis & (q_pos - k_pos < window)
+        if not causal: vis = vis & (k_pos - q_pos < window)
+    return vis
 
 # %% ../nbs/03_masks.ipynb #a9785432
 def dense_anchor_block_mask(anchors: torch.Tensor,  # (N,) long anchor positions (any value where keep is False)
                             keep: torch.Tensor,     # (N,) bool, False for padded anchors
                             doc_ids: torch.Tensor,  # (S,) long document id per position, -1 = padding
                             block_size: int,        # B, tokens per draft block
-                            window: int | None = None,  # sliding window W: context key kv visible only if kv >= a - W
+                            window: int | None = None,  # sliding window W: slot k sees context kv only if (a + k) - kv < W
                             causal_in_block: bool = False,  # block slot k sees only own-block slots <= k
                            ) -> torch.Tensor:           # bool (N·B, S + N·B), True = may attend
-    "The reference anchor-block mask of DESIGN §4, written out densely (tests, CPU, the `sdpa` backend)."
+    "The reference anchor-block mask, written out densely from positions (tests, CPU, the `sdpa` backend)."
+    check_window(window)
     S, N, B = doc_ids.shape[0], anchors.shape[0], block_size
     dev = doc_ids.device
     keep = keep.to(device=dev, dtype=torch.bool)
     a = anchors.to(dev).long()
     a_doc = doc_ids[a.clamp(0, max(S - 1, 0))] if S else a
-    kv = torch.arange(S, device=dev)
-    ctx = (kv[None, :] < a[:, None]) & (doc_ids[None, :] == a_doc[:, None]) & keep[:, None]   # (N, S) per block
-    if window is not None: ctx &= kv[None, :] >= a[:, None] - window
-    ctx = ctx.repeat_interleave(B, dim=0)                                                 # (N·B, S) per query
     q = torch.arange(N * B, device=dev)
-    own = (q[:, None] // B) == (q[None, :] // B)                                          # same block
-    if causal_in_block: own &= (q[None, :] % B) <= (q[:, None] % B)
+    j, k = q // B, q % B                                          # block and slot of every query row
+    kv = torch.arange(S, device=dev)
+    ctx = (kv[None] < a[j, None]) & (doc_ids[None] == a_doc[j, None]) & keep[j, None]    # (N·B, S)
+    ctx &= serving_visible((a[j] + k)[:, None], kv[None], causal_in_block, window)        # query at position a + k
+    own = (j[:, None] == j[None]) & serving_visible(k[:, None], k[None], causal_in_block, window)  # slot k' at a + k'
     return torch.cat([ctx, own], dim=1)
 
 # %% ../nbs/03_masks.ipynb #0b2e8bea
@@ -70,7 +91,8 @@ def anchor_context_ranges(anchors: torch.Tensor,  # (N,) anchor positions
                           window: int | None = None,  # sliding window W, None = full attention
                           check: bool = True,     # verify that every document id forms one contiguous run
                          ) -> tuple[torch.Tensor, torch.Tensor]:  # ctx_start, ctx_end: int32 (N,)
-    "Block j sees context keys [ctx_start[j], ctx_end[j]) = [max(doc_start(a_j), a_j - W), a_j); empty for padded blocks."
+    "Union over block j's slots of the context they see: [max(doc_start(a_j), a_j + 1 - W), a_j); empty for padded blocks."
+    check_window(window)
     S = doc_ids.shape[0]
     if check and S:
         n_runs = int((doc_ids[1:] != doc_ids[:-1]).sum()) + 1
@@ -79,35 +101,62 @@ def anchor_context_ranges(anchors: torch.Tensor,  # (N,) anchor positions
     a = anchors.to(doc_ids.device).long()
     keep = keep.to(device=doc_ids.device, dtype=torch.bool)
     start = document_starts(doc_ids)[a.clamp(0, max(S - 1, 0))]
-    if window is not None: start = torch.maximum(start, a - window)
-    start = torch.minimum(start, a)                       # window 0: empty, never negative length
+    if window is not None: start = torch.maximum(start, a + 1 - window)   # slot 0 at position a: a - kv < W
+    start = torch.minimum(start, a)                       # never a negative length
     start = torch.where(keep, start, torch.zeros_like(a))
     end = torch.where(keep, a, torch.zeros_like(a))
     return start.to(torch.int32), end.to(torch.int32)
 
 # %% ../nbs/03_masks.ipynb #b50f9003
+def own_slot_range(slot: torch.Tensor,       # (R,) slot k of each query row
+                   block_size: int,          # B
+                   causal_in_block: bool = False,  # causal inside the block
+                   window: int | None = None,      # sliding window W
+                  ) -> tuple[torch.Tensor, torch.Tensor]:  # [lo, hi) of the own-block slots each row sees
+    "The own-block slots k' a query in slot k sees, as one contiguous range (the serving rule on positions a + k, a + k')."
+    lo, hi = torch.zeros_like(slot), torch.full_like(slot, block_size)
+    if causal_in_block: hi = slot + 1
+    if window is not None:
+        lo = torch.clamp(slot + 1 - window, min=0)
+        if not causal_in_block: hi = torch.clamp(slot + window, max=block_size)
+    return lo, hi
+
+def row_context_ranges(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N,) block ranges from anchor_context_ranges
+                       block_size: int,                                 # B
+                       window: int | None = None,                       # sliding window W
+                      ) -> tuple[torch.Tensor, torch.Tensor]:           # long (N·B,) per-row [lo, hi)
+    "Per query row: the context range of slot k, the block's range cut by the row's window bound a + k + 1 − W (ctx_end = a)."
+    B = block_size
+    q = torch.arange(ctx_start.shape[0] * B, device=ctx_start.device)
+    lo, hi = ctx_start.long()[q // B], ctx_end.long()[q // B]
+    if window is not None: lo = torch.maximum(lo, hi + q % B + 1 - window)
+    return torch.minimum(lo, hi), hi
+
 def ranges_to_dense(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N,) context ranges
                     S: int, block_size: int,                          # context length, B
                     causal_in_block: bool = False,                    # own block causal
+                    window: int | None = None,                        # sliding window W
                    ) -> torch.Tensor:                                 # bool (N·B, S + N·B)
     "Expand context ranges back into a dense mask (to prove ranges and reference agree)."
     N, B = ctx_start.shape[0], block_size
+    lo, hi = row_context_ranges(ctx_start, ctx_end, B, window)
     kv = torch.arange(S, device=ctx_start.device)
-    ctx = (kv[None] >= ctx_start[:, None].long()) & (kv[None] < ctx_end[:, None].long())
+    ctx = (kv[None] >= lo[:, None]) & (kv[None] < hi[:, None])
     q = torch.arange(N * B, device=ctx_start.device)
-    own = (q[:, None] // B) == (q[None, :] // B)
-    if causal_in_block: own &= (q[None, :] % B) <= (q[:, None] % B)
-    return torch.cat([ctx.repeat_interleave(B, 0), own], 1)
+    slo, shi = own_slot_range(q % B, B, causal_in_block, window)
+    own = ((q[:, None] // B) == (q[None, :] // B)) & (q[None] % B >= slo[:, None]) & (q[None] % B < shi[:, None])
+    return torch.cat([ctx, own], 1)
 
 # %% ../nbs/03_masks.ipynb #45bea834
 def anchor_block_mask_mod(anchors: torch.Tensor,  # (N,) anchor positions
                           keep: torch.Tensor,     # (N,) bool
                           doc_ids: torch.Tensor,  # (S,) document ids
                           block_size: int,        # B
-                          window: int | None = None,       # sliding window W
+                          window: int | None = None,       # sliding window W (per query)
                           causal_in_block: bool = False,   # causal inside the own block
                          ):
-    "The DESIGN §4 mask as a flex_attention `mask_mod(b, h, q_idx, kv_idx)`."
+    "The anchor-block mask as a flex_attention `mask_mod(b, h, q_idx, kv_idx)`."
+    check_window(window)
     S, N, B = doc_ids.shape[0], anchors.shape[0], block_size
     NB = N * B
     a_all = anchors.to(doc_ids.device).long()
@@ -116,12 +165,16 @@ def anchor_block_mask_mod(anchors: torch.Tensor,  # (N,) anchor positions
     doc_a = torch.where(keep, doc_ids.long()[a_all.clamp(0, max(S - 1, 0))], torch.full_like(a_all, -3))  # padded: none
     def mask_mod(b, h, q_idx, kv_idx):
         j = torch.clamp(q_idx // B, max=N - 1)             # tiles may pad q/kv past the end: clamp the lookups
-        a = a_all[j]
+        k, a = q_idx % B, a_all[j]                          # the query sits at position a + k
         ctx = (kv_idx < a) & (doc_kv[torch.clamp(kv_idx, max=S + NB - 1)] == doc_a[j])
-        if window is not None: ctx = ctx & (kv_idx >= a - window)
+        if window is not None: ctx = ctx & (a + k - kv_idx < window)
         rel = kv_idx - S
+        k2 = rel % B                                         # the key's slot (position a + k2)
         own = (rel >= 0) & (rel // B == q_idx // B)
-        if causal_in_block: own = own & (rel % B <= q_idx % B)
+        if causal_in_block: own = own & (k2 <= k)
+        if window is not None:
+            own = own & (k - k2 < window)
+            if not causal_in_block: own = own & (k2 - k < window)
         return ctx | own
     return mask_mod
 
@@ -154,33 +207,29 @@ def block_mask_from_ranges(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N
                            causal_in_block: bool = False,        # causal inside the own block
                            mask_mod=None,                        # the matching mask_mod (used inside partial tiles)
                            BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
+                           window: int | None = None,            # sliding window W (per query)
                           ) -> BlockMask:
-    "Build the `BlockMask` from per-block contiguous key ranges, without evaluating the mask densely."
+    "Build the `BlockMask` from per-row contiguous key ranges, without evaluating the mask densely."
     TQ, TK = _tile_sizes(BLOCK_SIZE)
     N, B = ctx_start.shape[0], block_size
     NB, KV = N * B, S + N * B
     QT, KT = -(-NB // TQ), -(-KV // TK)
     if B > min(TQ, TK): raise ValueError(f"block_size {B} larger than the flex tile {(TQ, TK)}")
     dev = ctx_start.device
-    cnt = torch.zeros(QT + 1, KT, dtype=torch.long, device=dev)          # visible pairs per (q tile, kv tile)
-    # context: block j's B rows see the same range; they fall in q tile qa (na rows) and maybe qa + 1 (the rest)
-    t0 = torch.arange(KT, device=dev, dtype=torch.long)[None] * TK
-    ctx = _overlap(ctx_start.long()[:, None], ctx_end.long()[:, None], t0, t0 + TK)   # (N, KT)
-    r0 = torch.arange(N, device=dev, dtype=torch.long) * B
-    qa = r0 // TQ
-    na = torch.minimum(r0 + B, (qa + 1) * TQ) - r0
-    cnt.index_add_(0, qa, ctx * na[:, None])
-    cnt.index_add_(0, qa + 1, ctx * (B - na)[:, None])
-    # own block: row q sees keys [lo, hi), at most B <= TK of them, so at most two kv tiles k0, k1
+    cnt = torch.zeros(QT, KT, dtype=torch.long, device=dev)              # visible pairs per (q tile, kv tile)
     q = torch.arange(NB, device=dev, dtype=torch.long)
-    lo = S + (q // B) * B
-    hi = lo + ((q % B) + 1 if causal_in_block else B)
+    # context: row q sees one contiguous range [lo, hi) (its slot's window bound applied); count its overlap with every kv tile
+    lo, hi = row_context_ranges(ctx_start, ctx_end, B, window)
+    t0 = torch.arange(KT, device=dev, dtype=torch.long)[None] * TK
+    cnt.index_add_(0, q // TQ, _overlap(lo[:, None], hi[:, None], t0, t0 + TK))   # (N·B, KT) summed per q tile
+    # own block: row q sees slots [slo, shi), at most B <= TK keys, so at most two kv tiles k0, k1
+    slo, shi = own_slot_range(q % B, B, causal_in_block, window)
+    lo, hi = S + (q // B) * B + slo, S + (q // B) * B + shi
     k0, k1 = lo // TK, (hi - 1) // TK
     c0 = torch.minimum(hi, (k0 + 1) * TK) - lo
     flat = cnt.view(-1)
     flat.index_add_(0, (q // TQ) * KT + k0, c0)
     flat.index_add_(0, (q // TQ) * KT + k1, hi - lo - c0)
-    cnt = cnt[:QT]
     full = cnt == TQ * TK                   # padded rows/keys past the end count 0, so edge tiles are never full
     partial = (cnt > 0) & ~full
     kv = _ordered(partial[None, None]) + _ordered(full[None, None])
@@ -192,7 +241,7 @@ def anchor_block_block_mask(anchors: torch.Tensor,  # (N,) anchor positions
                             keep: torch.Tensor,     # (N,) bool
                             doc_ids: torch.Tensor,  # (S,) document ids
                             block_size: int,        # B
-                            window: int | None = None,      # sliding window W
+                            window: int | None = None,      # sliding window W (per query)
                             causal_in_block: bool = False,  # causal inside the own block
                             device=None,                    # where the BlockMask lives (default: doc_ids' device)
                             BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
@@ -207,7 +256,7 @@ def anchor_block_block_mask(anchors: torch.Tensor,  # (N,) anchor positions
         return create_block_mask(mm, None, None, NB, S + NB, device=device, BLOCK_SIZE=BLOCK_SIZE)
     if method != "ranges": raise ValueError(f"method must be 'ranges' or 'mask_mod', got {method!r}")
     cs, ce = anchor_context_ranges(anchors, keep, doc_ids, window)
-    return block_mask_from_ranges(cs, ce, S, block_size, causal_in_block, mm, BLOCK_SIZE)
+    return block_mask_from_ranges(cs, ce, S, block_size, causal_in_block, mm, BLOCK_SIZE, window)
 
 # %% ../nbs/03_masks.ipynb #36f09c6c
 def block_masks_equal(a: BlockMask, b: BlockMask) -> bool:

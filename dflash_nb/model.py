@@ -30,7 +30,7 @@ class DrafterConfig:
     intermediate_size: Optional[int] = opt(None, "SwiGLU MLP width (None: the target's)")
     num_hidden_layers: int = opt(5, "drafter decoder layers n_d")
     layer_types: Optional[list[LayerType]] = opt(None, "kind of each layer, 'full' or 'sliding' (None: all full)")
-    sliding_window: int = opt(2048, "context window W of 'sliding' layers (block j sees context [a_j - W, a_j))")
+    sliding_window: int = opt(2048, "sliding window W of 'sliding' layers, per query as served (counts the query itself: slot k of anchor a sees positions > a + k - W)")
     rope_theta: Optional[float] = opt(None, "RoPE base (None: the target's)")
     rope_scaling: Optional[dict] = opt(None, "RoPE scaling dict in transformers' rope_parameters form, e.g. {rope_type: yarn, factor: 4.0, ...} (None: the target's; plain RoPE if it has none)")
     max_position_embeddings: Optional[int] = opt(None, "max positions, used by some RoPE scalings (None: the target's)")

@@ -11,10 +11,16 @@ Symbols (the same names are used in the launcher):
   B         draft block size; query row r belongs to block j = r // B, slot k = r % B
   NB        N * B, the number of queries
   L         S + NB, the kv length: [ctx_0 .. ctx_{S-1} | block_0 .. block_{N-1}]
-  CS, CE    int32 (N,): the context range of block j is kv [CS[j], CE[j]) (0 <= CS <= CE <= S),
-            = [max(doc_start(a_j), a_j - window), a_j); a padded block has CS == CE (empty)
-  own keys  block j's own B keys are kv S + j*B + (0 .. B-1); with CAUSAL (in-block causality, sliding
-            layers) slot k sees only own slots <= k
+  CS, CE    int32 (N,): the union of the context ranges of block j's slots is kv [CS[j], CE[j])
+            (0 <= CS <= CE <= S), = [max(doc_start(a_j), a_j + 1 - W), a_j); a padded block has CS == CE (empty)
+  W         WINDOW, the sliding window (runtime int; a huge value for full layers). The query of slot k sits at
+            position a_j + k and sees what the serving stack shows it: a key at position p' iff (a_j + k) - p' < W
+            (and p' - (a_j + k) < W when not CAUSAL)
+  row range the context of query row r (block j, slot k) is [max(CS[j], CE[j] + k + 1 - W), CE[j]): the block's
+            union cut by the row's own window bound (CE[j] = a_j for a kept block)
+  own keys  block j's own B keys are kv S + j*B + (0 .. B-1), slot k' at position a_j + k'; with CAUSAL (in-block
+            causality, sliding layers) slot k sees only own slots k' <= k, and only k - k' < W (|k - k'| < W
+            when not CAUSAL)
   H, HKV    query / key-value heads; GROUP = H // HKV; query head h reads kv head h // GROUP (GQA)
   D         head dim (HEAD_DIM, a power of two, 16 .. 256)
   BPT       whole draft blocks per query tile; ROWS = BPT * B query rows per tile
@@ -62,22 +68,38 @@ else:
 
 
 @triton.jit
-def _visible(m2, n2, lo2, hi2, S, B: tl.constexpr, CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr):
-    """Boolean visibility of kv index n2 for query row m2 (both broadcast to the tile shape)."""
+def _own_visible(m2, rel, WINDOW, B: tl.constexpr, CAUSAL: tl.constexpr):
+    """Own-block visibility of block key rel = n - S for query row m2: same block, then the serving rule on slots."""
+    k = m2 % B
+    k2 = rel % B
+    vis = (rel // B == m2 // B) & (k - k2 < WINDOW) & (k2 - k < WINDOW)
+    if CAUSAL:
+        vis = vis & (k2 <= k)
+    return vis
+
+
+@triton.jit
+def _visible(m2, n2, lo2, hi2, S, WINDOW, B: tl.constexpr, CTX: tl.constexpr, OWN: tl.constexpr,
+             CAUSAL: tl.constexpr):
+    """Boolean visibility of kv index n2 for query row m2 (both broadcast to the tile shape); lo2/hi2 = row range."""
     if CTX:
-        vis = (n2 >= lo2) & (n2 < hi2)  # the row's block context range
+        vis = (n2 >= lo2) & (n2 < hi2)  # the row's context range (its window bound already in lo2)
         if OWN:
             rel = n2 - S  # negative for context columns; masked by n2 >= S below
-            own = (n2 >= S) & (rel // B == m2 // B)
-            if CAUSAL:
-                own = own & (rel % B <= m2 % B)
-            vis = vis | own
+            vis = vis | ((n2 >= S) & _own_visible(m2, rel, WINDOW, B, CAUSAL))
     else:
-        rel = n2 - S  # own-key phase: every column is >= S
-        vis = rel // B == m2 // B
-        if CAUSAL:
-            vis = vis & (rel % B <= m2 % B)
+        vis = _own_visible(m2, n2 - S, WINDOW, B, CAUSAL)  # own-key phase: every column is >= S
     return vis
+
+
+@triton.jit
+def _row_range(CS, CE, offs_m, row_ok, WINDOW, B: tl.constexpr):
+    """Context range of each query row: its block's union [CS, CE) cut by the row's window bound CE + k + 1 - W."""
+    blk = offs_m // B
+    row_lo = tl.load(CS + blk, mask=row_ok, other=0)
+    row_hi = tl.load(CE + blk, mask=row_ok, other=0)
+    row_lo = tl.maximum(row_lo, row_hi + (offs_m % B) + 1 - WINDOW)
+    return row_lo, row_hi
 
 
 @triton.jit
@@ -91,16 +113,14 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _query_tile(CS, CE, QT_ORDER, S, NB, B: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+def _query_tile(CS, CE, QT_ORDER, S, NB, WINDOW, B: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
     """This program's query tile: first row, rows, their validity, each row's context range and the tile's union [lo, hi)."""
     tile = tl.load(QT_ORDER + tl.program_id(1))  # heaviest tiles first (host-side order)
     offs_r = tl.arange(0, BLOCK_M)
     row0 = tile * ROWS
     offs_m = row0 + offs_r
     row_ok = (offs_r < ROWS) & (offs_m < NB)
-    blk = offs_m // B
-    row_lo = tl.load(CS + blk, mask=row_ok, other=0)
-    row_hi = tl.load(CE + blk, mask=row_ok, other=0)
+    row_lo, row_hi = _row_range(CS, CE, offs_m, row_ok, WINDOW, B)
     live = row_hi > row_lo
     lo = tl.reduce(tl.where(live, row_lo, S), 0, _min_fn)  # union of the tile's context ranges (empty: lo=S > hi=0)
     hi = tl.reduce(tl.where(live, row_hi, 0), 0, _max_fn)
@@ -108,7 +128,7 @@ def _query_tile(CS, CE, QT_ORDER, S, NB, B: tl.constexpr, ROWS: tl.constexpr, BL
 
 
 @triton.jit
-def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo, row_hi, S,
+def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo, row_hi, S, WINDOW,
                  B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                  IEEE: tl.constexpr):
@@ -123,20 +143,20 @@ def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, r
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     qk = _dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32), IEEE)
-    vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S, B, CTX, OWN, CAUSAL)
+    vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S, WINDOW, B, CTX, OWN, CAUSAL)
     return k, v, qk, vis & col_ok[None, :] & row_ok[:, None]
 
 
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
-               offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+               offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
                B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                IEEE: tl.constexpr):
     """Online-softmax sweep of kv columns [lo, hi) for one query tile (context phase or own-key phase)."""
     for start_n in range(lo, hi, BLOCK_N):
         k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
-                                     row_hi, S, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
+                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
         s = tl.where(vis, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: no inf - inf
@@ -149,10 +169,10 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["S", "NB"])
+@triton.jit(do_not_specialize=["S", "NB", "WINDOW"])
 def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
          stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_oh, stride_om,
-         S, NB, GROUP, qk_scale,
+         S, NB, WINDOW, GROUP, qk_scale,
          B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """Forward: one program per (query head, query tile of BPT whole draft blocks)."""
@@ -164,7 +184,7 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
     hk = h // GROUP
-    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, B, ROWS, BLOCK_M)
+    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, WINDOW, B, ROWS, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
     q_ptrs = Q + h.to(tl.int64) * stride_qh + offs_m.to(tl.int64)[:, None] * stride_qm + offs_d[None, :]
@@ -178,11 +198,11 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     l_i = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
-                               offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+                               offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
                                B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
     own_hi = S + tl.minimum(row0 + ROWS, NB)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, S + row0, own_hi,
-                               offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+                               offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
                                B, BLOCK_M, BLOCK_N, HEAD_DIM, False, True, CAUSAL, UPCAST, IEEE)
     seen = l_i > 0.0
     l_div = tl.where(seen, l_i, 1.0)
@@ -210,7 +230,7 @@ def _bwd_preprocess(O, DO, DELTA, stride_oh, stride_om, stride_doh, stride_dom, 
 
 @triton.jit
 def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, hi,
-              offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+              offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
               B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
               CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
               IEEE: tl.constexpr):
@@ -218,7 +238,7 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, h
     zero = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
-                                     row_hi, S, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
+                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
         p = tl.where(vis, tl.exp2(qk * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), zero, IEEE)
         ds = p * (dp - delta[:, None])
@@ -226,11 +246,11 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, h
     return dq
 
 
-@triton.jit(do_not_specialize=["S", "NB"])
+@triton.jit(do_not_specialize=["S", "NB", "WINDOW"])
 def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
             stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn,
             stride_doh, stride_dom, stride_dqh, stride_dqm,
-            S, NB, GROUP, qk_scale, sm_scale,
+            S, NB, WINDOW, GROUP, qk_scale, sm_scale,
             B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """dQ: one program per (query head, query tile); walks the same kv ranges as the forward."""
@@ -241,7 +261,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
     hk = h // GROUP
-    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, B, ROWS, BLOCK_M)
+    row0, offs_m, row_ok, row_lo, row_hi, lo, hi = _query_tile(CS, CE, QT_ORDER, S, NB, WINDOW, B, ROWS, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
 
     rows = offs_m.to(tl.int64)[:, None]
@@ -258,22 +278,22 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
 
     dq = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, hi,
-                   offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+                   offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
                    B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
     own_hi = S + tl.minimum(row0 + ROWS, NB)
     dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, S + row0, own_hi,
-                   offs_m, row_ok, row_lo, row_hi, S, qk_scale,
+                   offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
                    B, BLOCK_M, BLOCK_N, HEAD_DIM, False, True, CAUSAL, UPCAST, IEEE)
     dq = dq * sm_scale
     tl.store(DQ + h.to(tl.int64) * stride_dqh + rows * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["S", "NB", "L", "NUM_QT"])
+@triton.jit(do_not_specialize=["S", "NB", "L", "NUM_QT", "WINDOW"])
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LIST,
               stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn,
               stride_doh, stride_dom, stride_dkh, stride_dkn, stride_dvh, stride_dvn,
-              S, NB, L, NUM_QT, GROUP, qk_scale, sm_scale,
+              S, NB, L, NUM_QT, WINDOW, GROUP, qk_scale, sm_scale,
               B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """dK/dV: one program per (kv head, kv tile); loops over the query tiles that see the kv tile
@@ -307,11 +327,10 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LI
         tile = tl.load(list_base + i)
         offs_m = tile * ROWS + offs_r
         row_ok = (offs_r < ROWS) & (offs_m < NB)
-        blk = offs_m // B
-        row_lo = tl.load(CS + blk, mask=row_ok, other=0)
-        row_hi = tl.load(CE + blk, mask=row_ok, other=0)
+        row_lo, row_hi = _row_range(CS, CE, offs_m, row_ok, WINDOW, B)
         # transposed orientation: rows of the (BLOCK_N, BLOCK_M) tile are kv columns
-        vis = _visible(offs_m[None, :], offs_n[:, None], row_lo[None, :], row_hi[None, :], S, B, True, True, CAUSAL)
+        vis = _visible(offs_m[None, :], offs_n[:, None], row_lo[None, :], row_hi[None, :], S, WINDOW, B, True, True,
+                       CAUSAL)
         vis = vis & col_ok[:, None] & row_ok[None, :]
         rows = offs_m.to(tl.int64)[:, None]
         for g in range(0, GROUP):

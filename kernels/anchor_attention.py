@@ -3,10 +3,13 @@
 The kernels themselves (and the definition of every symbol: S, N, B, NB, L, CS/CE, own keys, GROUP, BPT,
 ROWS, BLOCK_M, BLOCK_N, T, LSE) are in `_anchor_attn_src.py`. Public entry point:
 
-    anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None)
+    anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None,
+                                  window=None)
 
 q (1, H, N*B, D); k, v (1, H_kv, S + N*B, D) with H % H_kv == 0; ctx_start / ctx_end int (N,) from
-`dflash_nb.masks.anchor_context_ranges`. Returns (1, H, N*B, D) in q's dtype; differentiable in q, k, v.
+`dflash_nb.masks.anchor_context_ranges` with the same window (the union over each block's slots); `window` is
+the sliding window W, applied per query row inside the kernel (slot k of anchor a sees context [a + k + 1 - W, a)).
+Returns (1, H, N*B, D) in q's dtype; differentiable in q, k, v.
 
 Backward strategy. dQ: one program per (query head, query tile), the same walk as the forward (no atomics).
 dK/dV: one program per (kv head, kv tile) that loops over the query tiles whose union range or own-key range
@@ -28,6 +31,7 @@ import torch
 __all__ = ["anchor_block_attention_triton", "TileConfig", "CONFIGS", "SMEM_LIMIT", "pick_config",
            "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem", "ptxas_stats"]
 
+NO_WINDOW = 1 << 30  # WINDOW passed for full layers: larger than any distance, no overflow in int32 bounds
 SMEM_LIMIT = 101_376  # bytes of shared memory per block on SM120 (RTX PRO 6000 / RTX 5090); H100/H200 allow 232,448
 
 
@@ -253,7 +257,7 @@ def _last_dim_contig(x):
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _forward(q, k, v, cs, ce, B, causal, scale):
+def _forward(q, k, v, cs, ce, B, causal, scale, window):
     H, HKV, N, NB, D, S, L = _check(q, k, v, cs, ce, B)
     interpret = _use_interpreter(q)
     kern = _kernels(interpret)
@@ -268,7 +272,7 @@ def _forward(q, k, v, cs, ce, B, causal, scale):
     k_ = kern._fwd[grid](
         q, k, v, o, lse, cs, ce, order,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2), o.stride(1), o.stride(2),
-        S, NB, H // HKV, scale * 1.4426950408889634,
+        S, NB, window, H // HKV, scale * 1.4426950408889634,
         B=B, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D, CAUSAL=bool(causal),
         UPCAST=interpret, IEEE=q.dtype == torch.float32, **_launch_opts(cfg, interpret))
     if not interpret:
@@ -276,7 +280,7 @@ def _forward(q, k, v, cs, ce, B, causal, scale):
     return o, lse
 
 
-def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
+def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale, window):
     H, HKV, N, NB, D, S, L = _check(q, k, v, cs, ce, B)
     interpret = _use_interpreter(q)
     kern = _kernels(interpret)
@@ -299,7 +303,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
         q, k, v, do, dq, lse, delta, cs, ce, order,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         do.stride(1), do.stride(2), dq.stride(1), dq.stride(2),
-        S, NB, H // HKV, qk_scale, scale,
+        S, NB, window, H // HKV, qk_scale, scale,
         BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **_launch_opts(cfg, interpret))
     if not interpret:
         _record(k_, "dq", cfg, D, q.dtype, q.device)
@@ -310,7 +314,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale):
         q, k, v, do, dk, dv, lse, delta, cs, ce, korder, count, lst,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),
         do.stride(1), do.stride(2), dk.stride(1), dk.stride(2), dv.stride(1), dv.stride(2),
-        S, NB, L, T, H // HKV, qk_scale, scale,
+        S, NB, L, T, window, H // HKV, qk_scale, scale,
         BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **common, **_launch_opts(cfg, interpret))
     if not interpret:
         _record(k_, "dkdv", cfg, D, q.dtype, q.device)
@@ -323,11 +327,11 @@ def _cdiv(a, b):
 
 class _AnchorBlockAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cs, ce, block_size, causal, scale):
+    def forward(ctx, q, k, v, cs, ce, block_size, causal, scale, window):
         with _interpret_env(_use_interpreter(q)):
-            o, lse = _forward(q, k, v, cs, ce, block_size, causal, scale)
+            o, lse = _forward(q, k, v, cs, ce, block_size, causal, scale, window)
         ctx.save_for_backward(q, k, v, o, lse, cs, ce)
-        ctx.block_size, ctx.causal, ctx.scale = block_size, causal, scale
+        ctx.block_size, ctx.causal, ctx.scale, ctx.window = block_size, causal, scale, window
         return o
 
     @staticmethod
@@ -335,24 +339,30 @@ class _AnchorBlockAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, lse, cs, ce = ctx.saved_tensors
         with _interpret_env(_use_interpreter(q)):
-            dq, dk, dv = _backward(do, q, k, v, o, lse, cs, ce, ctx.block_size, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None
+            dq, dk, dv = _backward(do, q, k, v, o, lse, cs, ce, ctx.block_size, ctx.causal, ctx.scale, ctx.window)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 @torch.compiler.disable  # opaque to torch.compile: a clean graph break instead of tracing the launcher
-def anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None):
+def anchor_block_attention_triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block=False, scale=None,
+                                  window=None):
     """Attention of N draft blocks over their contiguous context range plus their own block keys.
 
-    q (1, H, N*B, D); k, v (1, H_kv, S + N*B, D); ctx_start / ctx_end int (N,) with 0 <= start <= end <= S.
-    Block j's queries see kv [ctx_start[j], ctx_end[j]) and kv S + j*B + (0..B-1) (only slots <= their own
-    with causal_in_block). Returns (1, H, N*B, D) in q's dtype; differentiable in q, k, v."""
+    q (1, H, N*B, D); k, v (1, H_kv, S + N*B, D); ctx_start / ctx_end int (N,) with 0 <= start <= end <= S, the
+    union of the block's slots' context (ctx_end = the anchor). Slot k of block j sees kv
+    [max(ctx_start[j], ctx_end[j] + k + 1 - window), ctx_end[j]) and its own block's slots k' (only k' <= k with
+    causal_in_block; only |k - k'| < window with a window). Returns (1, H, N*B, D) in q's dtype; differentiable
+    in q, k, v."""
     B = int(block_size)
+    if window is not None and int(window) < 1:
+        raise ValueError(f"sliding window must be >= 1 (it counts the query itself), got {window}")
+    window = NO_WINDOW if window is None else min(int(window), NO_WINDOW)
     _check(q, k, v, ctx_start, ctx_end, B)
     D = q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     S = k.shape[2] - q.shape[2]
     cs, ce = _prep_ranges(ctx_start, ctx_end, S, q.device)
-    return _AnchorBlockAttention.apply(q, k, v, cs, ce, B, bool(causal_in_block), scale)
+    return _AnchorBlockAttention.apply(q, k, v, cs, ce, B, bool(causal_in_block), scale, window)
 
 
 # ---------------------------------------------------------------------------------------------- AOT compile

@@ -140,7 +140,7 @@ def test_auto_falls_back_past_a_wrong_or_broken_triton(tmp_path, monkeypatch):
     "Flex hits the SM120 limit; a triton that returns wrong numbers is caught by the parity check; sdpa remains."
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     def sm120(*a, **kw): raise RuntimeError(SM120_ERROR)
-    def wrong_triton(q, k, v, cs, ce, B, causal, scale): return q * 0.5 + 0 * (k.sum() + v.sum())
+    def wrong_triton(q, k, v, cs, ce, B, causal, scale, window): return q * 0.5 + 0 * (k.sum() + v.sum())
     monkeypatch.setattr(A, "_flex", sm120)
     monkeypatch.setattr(A, "_triton", wrong_triton)
     name, reason = select_backend("cpu", torch.float32, 2, 1, 8, 40, 4, 4, run_dir=tmp_path, verbose=False)

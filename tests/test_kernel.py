@@ -54,7 +54,9 @@ def run_both(q, k, v, g, fn):
 
 
 def rel_err(x, ref):
-    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+    "Max error relative to the reference's scale; absolute when the reference is exactly zero (e.g. dq of a row that sees one key)."
+    scale = ref.abs().max()
+    return ((x.double() - ref).abs().max() / (scale if scale > 0 else 1.0)).item()
 
 
 # absolute floor of the bound, in units of the dtype's eps: fp32 differences are pure summation-order noise
@@ -79,7 +81,7 @@ def check_case(doc_lens, anchors, B, H, HKV, D, dtype, window=None, causal=False
     lo = [x.to(dtype) for x in (q, k, v, g)]
     tor = run_both(*lo, lambda q, k, v: attention_torch(q, k, v, mask, scale))
     with override_configs(**({} if cfg is None else dict(fwd=cfg, dq=cfg, dkdv=cfg))):
-        tri = run_both(*lo, lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, B, causal))
+        tri = run_both(*lo, lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, B, causal, window=window))
     for name, t, p, r in zip(("out", "dq", "dk", "dv"), tri, tor, ref):
         assert t.dtype == dtype and t.shape == r.shape, name
         assert torch.isfinite(t).all(), f"{name} has NaN/inf"
@@ -104,9 +106,15 @@ CASES = [
                                     D=256, dtype=torch.float32, window=9)),
     ("gqa1-d256-full-fp16", dict(doc_lens=[21], anchors=[(0, 4), (0, 13), (0, 20)], B=4, H=1, HKV=1, D=256,
                                  dtype=torch.float16)),
-    # padded anchors in the middle and at the end, padding tokens, window 0 (empty contexts: own block only)
-    ("padded-window0-fp32", dict(doc_lens=[9, 2], anchors=[(0, 0), (0, 4), (1, 1)], B=4, H=4, HKV=2, D=64,
-                                 dtype=torch.float32, window=0, n_pad=2, pad_tokens=5, pad_at=1)),
+    # padded anchors in the middle and at the end, padding tokens, window 1 (no context at all; each slot sees itself)
+    ("padded-window1-fp32", dict(doc_lens=[9, 2], anchors=[(0, 0), (0, 4), (1, 1)], B=4, H=4, HKV=2, D=64,
+                                 dtype=torch.float32, window=1, n_pad=2, pad_tokens=5, pad_at=1)),
+    # W < B, not causal: the window cuts the own block on both sides; anchors far past W - B + 1
+    ("window-lt-b-bidirectional-fp32", dict(doc_lens=[40], anchors=[(0, 1), (0, 12), (0, 33), (0, 39)], B=8, H=2,
+                                            HKV=1, D=32, dtype=torch.float32, window=3)),
+    # W just above B, causal (the sliding layers of the served drafters): every slot's row bound differs
+    ("window-b-plus-1-causal-fp16", dict(doc_lens=[26, 30], anchors=[(0, 2), (0, 9), (0, 25), (1, 6), (1, 29)], B=4,
+                                         H=4, HKV=2, D=64, dtype=torch.float16, window=5, causal=True)),
     ("padded-trailing-gqa4-fp16", dict(doc_lens=[12, 14], anchors=[(0, 2), (0, 11), (1, 0), (1, 6), (1, 13)], B=4,
                                        H=8, HKV=2, D=64, dtype=torch.float16, n_pad=3, causal=True)),
     # block size that is not a power of two: tiles hold BPT whole blocks plus masked padding rows
@@ -146,7 +154,7 @@ def test_random_rows(seed):
     lens = [r(1, 20) for _ in range(r(1, 4))]
     anchors = sorted({(d, r(0, n - 1)) for d, n in enumerate(lens) for _ in range(r(0, 3))} | {(0, 0)})
     B = [2, 3, 4, 5, 8][r(0, 4)]
-    window = [None, 0, 3, 7][r(0, 3)]
+    window = [None, 1, 3, 7][r(0, 3)]
     group = [1, 2, 4][r(0, 2)]
     check_case(lens, anchors, B=B, H=group * 2, HKV=2, D=[32, 64][r(0, 1)], dtype=torch.float32, window=window,
                causal=bool(r(0, 1)), n_pad=r(0, 2), pad_tokens=r(0, 3), seed=seed)
@@ -270,7 +278,7 @@ def _gpu_parity(H, HKV, D, S, n_anchors, B, window, causal, dtype=torch.bfloat16
     lo = [x.to(dtype) for x in (q, k, v, g)]
     tor = run_both(*lo, lambda q, k, v: attention_torch(q, k, v, mask, scale))
     if backend is None:
-        fn = lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, B, causal)
+        fn = lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, B, causal, window=window)
     else:
         from dflash_nb.attention import anchor_block_attention
         fn = lambda q, k, v: anchor_block_attention(q, k, v, anchors, keep, doc_ids, B, window=window,

@@ -1,4 +1,4 @@
-"""The anchor-block mask (DESIGN §4): dense reference invariants, context ranges, mask_mod, BlockMask, flex vs dense attention."""
+"""The anchor-block mask (the serving rule, per query): dense reference invariants, context ranges, mask_mod, BlockMask, flex vs dense attention."""
 import pytest
 import torch
 from hypothesis import given, settings, HealthCheck, strategies as st
@@ -22,7 +22,7 @@ def rows(draw, max_docs=5, max_len=24, max_anchors=7):
     anchors = torch.tensor(draw(st.lists(st.integers(0, n_real - 1), min_size=N, max_size=N)), dtype=torch.long).sort().values
     keep = torch.tensor(draw(st.lists(st.booleans(), min_size=N, max_size=N)))
     B = draw(st.integers(1, 6))
-    window = draw(st.one_of(st.none(), st.integers(0, 12)))
+    window = draw(st.one_of(st.none(), st.integers(1, 12)))
     causal = draw(st.booleans())
     return doc, anchors, keep, B, window, causal
 
@@ -41,19 +41,20 @@ def test_dense_mask_invariants(r):
         own = m[q, S:].nonzero().flatten()
         # every row sees at least its own slot (no empty softmax row, no NaN)
         assert bool(m[q, S + q])
-        # nothing crosses blocks: block keys are the row's own block only, causal when asked
+        # nothing crosses blocks; inside the block the serving rule on positions a + k, a + k2
         assert ((own // B) == j).all()
-        assert own.tolist() == (list(range(j * B, j * B + k + 1)) if causal else list(range(j * B, j * B + B)))
+        slots = [k2 for k2 in range(B) if (not causal or k2 <= k) and (W is None or abs(k - k2) < W)]
+        assert own.tolist() == [j * B + k2 for k2 in slots]
         if not keep[j]:
             assert ctx.numel() == 0          # padded block: own block only
             continue
         # no query sees the anchor's own context feature or anything after it, nothing crosses documents
         assert (ctx < a).all()
         assert (doc[ctx] == doc[a]).all()
-        if W is not None: assert (ctx >= a - W).all()
-        # and everything allowed is visible: the same-document context in [a - W, a)
-        lo = 0 if W is None else max(0, a - W)
-        expect = [c for c in range(lo, a) if doc[c] == doc[a]]
+        # the window is per query: the query sits at position a + k and sees c iff (a + k) - c < W
+        if W is not None: assert ((a + k) - ctx < W).all()
+        # and everything allowed is visible
+        expect = [c for c in range(0, a) if doc[c] == doc[a] and (W is None or (a + k) - c < W)]
         assert ctx.tolist() == expect
 
 
@@ -66,7 +67,7 @@ def test_ranges_mask_mod_and_dense_agree(r):
     cs, ce = anchor_context_ranges(anchors, keep, doc, W)
     assert cs.dtype == ce.dtype == torch.int32 and (cs <= ce).all() and (ce <= S).all()
     assert ((cs == ce) | keep).all() and (cs[~keep] == ce[~keep]).all()
-    assert torch.equal(ranges_to_dense(cs, ce, S, B, causal), dense)
+    assert torch.equal(ranges_to_dense(cs, ce, S, B, causal, W), dense)
     mm = anchor_block_mask_mod(anchors, keep, doc, B, W, causal)
     assert torch.equal(create_mask(mm, None, None, N * B, S + N * B, device="cpu")[0, 0], dense)
 
@@ -126,7 +127,7 @@ def _row(g, S, n_docs, N):
     return doc, anchors, keep
 
 
-@pytest.mark.parametrize("window,causal", [(None, False), (None, True), (7, True), (7, False), (0, True)])
+@pytest.mark.parametrize("window,causal", [(None, False), (None, True), (7, True), (7, False), (1, True), (3, False)])
 @pytest.mark.parametrize("B", [4, 16])
 def test_flex_block_mask_attention_equals_dense(window, causal, B):
     g = torch.Generator().manual_seed(B * 31 + (window or 1))

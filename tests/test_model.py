@@ -75,9 +75,11 @@ def naive_drafter(d, features, context_position_ids, block_input_ids, block_posi
         out = torch.zeros(at.nh, h.shape[0], at.D)
         for j, a in enumerate(anchors.tolist()):
             for s in range(B):
+                p = a + s                                     # the query's position, as served
                 ctx_keys = [c for c in range(S) if keep[j] and c < a and doc_ids[c] == doc_ids[a]
-                            and (at.window is None or c >= a - at.window)]
-                own = [S + j * B + t for t in range(B) if not at.causal_in_block or t <= s]
+                            and (at.window is None or p - c < at.window)]
+                own = [S + j * B + t for t in range(B) if (not at.causal_in_block or t <= s)
+                       and (at.window is None or abs(s - t) < at.window)]
                 keys = torch.tensor(ctx_keys + own)
                 for hh in range(at.nh):
                     sc = q[hh, j * B + s] @ k[hh // rep, keys].T / math.sqrt(at.D)
@@ -241,7 +243,7 @@ def test_mask_semantics_through_the_model(target):
         ids = inputs["block_input_ids"].clone(); ids[2 * B + 1] = 7
         h3 = d(**{**inputs, "block_input_ids": ids})
         torch.testing.assert_close(torch.cat([h3[:2 * B], h3[3 * B:]]), torch.cat([h[:2 * B], h[3 * B:]]), rtol=0, atol=1e-6)
-    # sliding window: anchor 10 with W=3 sees context 7..9 only; full layers see 0..9
+    # sliding window: anchor 10 with W=3 sees context 8..9 at most (slot 0); full layers see 0..9
     f = inputs["features"].clone(); f[5] += 3.0
     torch.testing.assert_close(slid(**{**inputs, "features": f})[2 * B:3 * B], slid(**inputs)[2 * B:3 * B], rtol=0, atol=1e-6)
     assert not torch.allclose(full(**{**inputs, "features": f})[2 * B:3 * B], full(**inputs)[2 * B:3 * B], atol=1e-3)
