@@ -62,12 +62,15 @@ def drafter_config_from_serving(
     scaling = {k: v for k, v in rp.items() if v is not None} or (d.get("rope_scaling") or None)
     if scaling and scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}: scaling = None
     types = [_KIND_OF[t] for t in d.get("layer_types") or ["full_attention"] * d["num_hidden_layers"]]
+    if "sliding" in types and not d.get("sliding_window"):
+        raise ValueError("it has sliding_attention layers but no sliding_window (null, e.g. use_sliding_window false): "
+                         "serving stacks would run those layers without a window; set sliding_window in config.json")
     ids = list(dc.get("target_layer_ids", d.get("target_layer_ids")))
     return DrafterConfig(
         hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
         num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
         head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]), intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"], layer_types=types, sliding_window=d.get("sliding_window") or 2048,
+        num_hidden_layers=d["num_hidden_layers"], layer_types=types, sliding_window=int(d.get("sliding_window") or 2048),
         rope_theta=theta, rope_scaling=scaling, max_position_embeddings=d.get("max_position_embeddings"),
         rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), block_size=int(dc.get("block_size", d.get("block_size", 16))),
         num_target_features=len(ids), target_layer_ids=ids, num_target_layers=d.get("num_target_layers"),

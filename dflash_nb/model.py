@@ -14,11 +14,22 @@ from .config import opt
 from .target import default_target_layer_ids
 
 # %% auto #0
-__all__ = ['LayerType', 'DrafterConfig', 'resolve_mask_token_id', 'RMSNorm', 'MLP', 'apply_rope', 'DrafterAttention',
-           'DrafterLayer', 'DFlashDrafter']
+__all__ = ['LayerType', 'check_target_layer_ids', 'DrafterConfig', 'resolve_mask_token_id', 'RMSNorm', 'MLP', 'apply_rope',
+           'DrafterAttention', 'DrafterLayer', 'DFlashDrafter']
 
 # %% ../nbs/05_model.ipynb #486e8a68
 LayerType = Literal["full", "sliding"]
+
+def check_target_layer_ids(layer_ids, num_target_layers: int) -> list[int]:
+    "Target layer ids must name decoder layers 0 .. L−2: the serving stacks read layer L−1 after the final norm."
+    ids, L = [int(i) for i in layer_ids], int(num_target_layers)
+    bad = [i for i in ids if not 0 <= i < L]
+    if bad: raise ValueError(f"target_layer_ids {bad} out of range for a target with {L} decoder layers (0..{L - 1})")
+    if L - 1 in ids:
+        raise ValueError(f"target_layer_ids contains {L - 1}, the target's last decoder layer: serving stacks feed the "
+                         f"drafter hidden_states[{L}], which is taken after the target's final norm, while training would "
+                         f"capture the layer's output before it; use ids up to {L - 2} (the default spread ends at {L - 3})")
+    return ids
 
 @dataclass
 class DrafterConfig:
@@ -64,6 +75,7 @@ class DrafterConfig:
         if bad: raise ValueError(f"unknown layer types {bad}; expected 'full' or 'sliding'")
         if self.block_size < 2: raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.head_dim % 2: raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_target_layers is not None: check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
         return self
 
 # %% ../nbs/05_model.ipynb #4fe3d02b

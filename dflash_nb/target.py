@@ -155,8 +155,8 @@ class TargetFeatures:
         self.layers = find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
         if not self.layer_ids: raise ValueError("layer_ids is empty")
-        bad = [i for i in self.layer_ids if not 0 <= i < len(self.layers)]
-        if bad: raise ValueError(f"layer ids {bad} out of range for a target with {len(self.layers)} decoder layers")
+        from dflash_nb.model import check_target_layer_ids   # the serving stacks' rule on layer ids
+        check_target_layer_ids(self.layer_ids, len(self.layers))
         self.last_layer = max(self.layer_ids)
         self.max_batch_tokens, self.use_attention_mask = int(max_batch_tokens), use_attention_mask
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config

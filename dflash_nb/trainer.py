@@ -18,8 +18,8 @@ __all__ = ['TargetConfig', 'OptimConfig', 'CheckpointConfig', 'FaultConfig', 'Tr
            'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch', 'Stopwatch',
            'FeatureProducer', 'rng_state', 'set_rng_state', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint',
            'split_s3', 's3_client', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir',
-           'build_target', 'drafter_config', 'build_drafter', 'check_template', 'load_samples', 'NonFiniteError',
-           'pick_backend', 'train', 'drafter_lm_head_weight']
+           'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_template',
+           'load_samples', 'NonFiniteError', 'pick_backend', 'train', 'drafter_lm_head_weight']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 @dataclass
@@ -76,6 +76,7 @@ class TrainConfig:
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)")
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), s3://bucket/prefix, or 'auto' (this run_dir if it has one)")
+    init_from: Optional[str] = opt(None, "warm start: a DFlash drafter directory in the serving format (a published drafter, SpecForge's, a dflash_nb export); its weights initialise the drafter and its config.json is the drafter config unless `drafter` overrides are given (then they must agree)")
     target: TargetConfig = opt(TargetConfig(), "the frozen target")
     drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, sliding_window, ...)")
     optim: OptimConfig = opt(OptimConfig(), "optimizer and schedule")
@@ -558,6 +559,62 @@ def build_drafter(dcfg, features, device: torch.device, seed: int):
         drafter = DFlashDrafter(dcfg, embed, head)
     return drafter.to(device)
 
+# %% ../nbs/08_trainer.ipynb #e495e0e3
+_WARM_START_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                      "num_hidden_layers", "layer_types", "sliding_window", "block_size", "target_layer_ids",
+                      "mask_token_id")
+
+def warm_start_config(init_dir,                 # a serving-format drafter directory (config.json + model.safetensors)
+                      target_model,             # the run's target (hidden size, vocabulary, layer count)
+                      overrides: dict,          # the run's `drafter` overrides ({} = take the directory's config)
+                      tokenizer=None,           # resolves the mask token when the overrides need one
+                     ):
+    "The run's DrafterConfig for a warm start: the directory's, or the run's after checking that they agree field by field."
+    from dflash_nb.export import read_exported_config
+    from dflash_nb.model import check_target_layer_ids
+    init_dir = Path(init_dir)
+    if not (init_dir / "config.json").is_file() or not (init_dir / "model.safetensors").is_file():
+        raise ConfigError(f"init_from={init_dir}: expected a drafter directory with config.json and model.safetensors")
+    try: theirs = read_exported_config(init_dir)
+    except (ValueError, KeyError, TypeError) as e: raise ConfigError(f"init_from={init_dir}/config.json: {e}") from None
+    hf = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
+    if theirs.hidden_size != hf.hidden_size:
+        raise ConfigError(f"init_from={init_dir}: hidden_size {theirs.hidden_size} != the target's {hf.hidden_size}")
+    if theirs.vocab_size is not None and theirs.vocab_size != hf.vocab_size:
+        raise ConfigError(f"init_from={init_dir}: vocab_size {theirs.vocab_size} != the target's {hf.vocab_size}")
+    if theirs.num_target_layers is not None and theirs.num_target_layers != hf.num_hidden_layers:
+        raise ConfigError(f"init_from={init_dir}: num_target_layers {theirs.num_target_layers} != the target's "
+                          f"{hf.num_hidden_layers} decoder layers")
+    check_target_layer_ids(theirs.target_layer_ids, hf.num_hidden_layers)
+    if not overrides:
+        theirs.num_target_layers, theirs.vocab_size = hf.num_hidden_layers, hf.vocab_size
+        return theirs.validate()
+    ours = drafter_config(target_model, overrides, tokenizer)
+    for f in _WARM_START_FIELDS:
+        a, b = getattr(ours, f), getattr(theirs, f)
+        if f == "sliding_window" and "sliding" not in ours.resolved_layer_types: continue
+        if (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+            raise ConfigError(f"init_from={init_dir}: drafter.{f} is {a!r} in this run but {b!r} in the directory; "
+                              f"make them equal, or drop the drafter overrides to take the directory's config")
+    return ours
+
+def load_warm_start(drafter, init_dir) -> int:
+    "Copy the directory's weights into `drafter` (names and shapes must match exactly); returns the tensor count."
+    from safetensors.torch import load_file
+    path = Path(init_dir) / "model.safetensors"
+    try: sd = load_file(str(path))
+    except Exception as e: raise ConfigError(f"init_from: cannot read {path}: {e}") from None
+    mine = drafter.trainable_state_dict()
+    missing, unexpected = sorted(set(mine) - set(sd)), sorted(set(sd) - set(mine))
+    if missing or unexpected:
+        raise ConfigError(f"init_from: {path} does not fit the drafter: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    bad = [k for k in mine if tuple(sd[k].shape) != tuple(mine[k].shape)]
+    if bad: raise ConfigError(f"init_from: {path}: {bad[0]} has shape {tuple(sd[bad[0]].shape)}, the drafter's is "
+                              f"{tuple(mine[bad[0]].shape)}")
+    dev = next(drafter.parameters()).device
+    drafter.load_trainable_state_dict({k: v.to(device=dev, dtype=mine[k].dtype) for k, v in sd.items()})
+    return len(sd)
+
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def check_template(manifest: dict, tokenizer, data_dir="data"):
     "Raise ValueError naming `data_dir` when its manifest's chat template (or tokenizer) fingerprint is not `tokenizer`'s."
@@ -667,10 +724,13 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     target = build_target(cfg.target, tdev) if target is None else target.to(tdev).eval().requires_grad_(False)
-    dcfg = drafter_config(target, cfg.drafter, tokenizer)
+    if cfg.init_from: dcfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
+    else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
     features = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
     drafter = build_drafter(dcfg, features, ddev, cfg.seed)
+    if cfg.init_from:   # the published weights; a resume below replaces them with the checkpoint's
+        log.record({"event": "warm_start", "from": cfg.init_from, "tensors": load_warm_start(drafter, cfg.init_from)})
     B = dcfg.block_size
     model = nn.parallel.DistributedDataParallel(drafter, device_ids=[ddev] if ddev.type == "cuda" else None) if distributed else drafter
     params = [p for p in drafter.parameters() if p.requires_grad]

@@ -35,7 +35,7 @@ def world():
     greedy = [greedy_generate(target, p, N_NEW)["tokens"] for p in prompts]
     refs = [torch.cat([p, g]) for p, g in zip(prompts, greedy)]
     samples = [dict(input_ids=r.tolist(), loss_mask=[0] * len(p) + [1] * N_NEW) for p, r in zip(prompts, refs)]
-    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=B, target_layer_ids=[1, 3, 5],
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=B, target_layer_ids=[1, 3, 4],
                                     mask_token_id=151669)
     feats = TargetFeatures(target, cfg.target_layer_ids)
     torch.manual_seed(0)

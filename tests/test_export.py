@@ -23,7 +23,7 @@ def setup():
     torch.set_num_threads(1)
     target = tiny_target()
     cfg = DrafterConfig.from_target(target.config, num_hidden_layers=3, layer_types=["sliding", "full", "sliding"],
-                                    sliding_window=6, block_size=4, target_layer_ids=[0, 2, 5], mask_token_id=151669)
+                                    sliding_window=6, block_size=4, target_layer_ids=[0, 2, 4], mask_token_id=151669)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()).eval()
     with torch.no_grad():  # not the init values: every weight distinct, norms too
@@ -71,7 +71,7 @@ def test_config_fields_match_training_config(setup, tmp_path):
               "max_position_embeddings"):
         assert c[k] == getattr(cfg, k), k
     assert c["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
-    assert c["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [0, 2, 5], "block_size": 4}
+    assert c["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [0, 2, 4], "block_size": 4}
     assert c["rope_theta"] == cfg.rope_theta == target.config.rope_parameters["rope_theta"]
     assert c["rope_parameters"]["rope_theta"] == cfg.rope_theta
     assert c["hidden_size"] == target.config.hidden_size and c["num_target_layers"] == target.config.num_hidden_layers
@@ -158,7 +158,7 @@ def test_checkpoint_cli(tmp_path):
     cfg = from_dict(TrainConfig, {"run_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data"), "steps": 2,
                                   "global_batch": 1, "max_tokens": 160, "max_anchors": 8, "log_every": 1, "pipeline": False,
                                   "target": {"tiny": tiny}, "backend": "sdpa",
-                                  "drafter": {"num_hidden_layers": 2, "block_size": 4, "target_layer_ids": [1, 3],
+                                  "drafter": {"num_hidden_layers": 2, "block_size": 4, "target_layer_ids": [0, 2],
                                               "layer_types": ["sliding", "full"], "sliding_window": 64}})
     summary = train(cfg)
     drafter, dcfg = summary["drafter"], summary["drafter_config"]
@@ -170,7 +170,7 @@ def test_checkpoint_cli(tmp_path):
     out = tmp_path / "export"
     assert ex.read_exported_config(out) == dcfg
     c = json.loads((out / "config.json").read_text())
-    assert c["dflash_config"]["target_layer_ids"] == [1, 3] and c["block_size"] == 4
+    assert c["dflash_config"]["target_layer_ids"] == [0, 2] and c["block_size"] == 4
     assert c["layer_types"] == ["sliding_attention", "full_attention"] and c["sliding_window"] == 64
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.metadata()["checkpoint"] == resolve_checkpoint(tmp_path / "run").name and f.metadata()["step"] == "2"

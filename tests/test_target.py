@@ -154,6 +154,13 @@ def test_features_are_trainable_inputs_and_shared_modules(models):
     assert fc.weight.grad is not None and all(p.grad is None for p in m.parameters())
     with pytest.raises(ValueError, match="out of range"):
         TargetFeatures(m, [0, 6])
+    # layer L - 1: serving reads hidden_states[L], which is after the final norm; refused with the reason
+    with pytest.raises(ValueError, match="last decoder layer.*final norm"):
+        TargetFeatures(m, [1, 5])
+    from dflash_nb.model import DrafterConfig
+    with pytest.raises(ValueError, match="last decoder layer"):
+        DrafterConfig.from_target(m.config, target_layer_ids=[1, 5])
+    DrafterConfig.from_target(m.config, target_layer_ids=[1, 4])    # L - 2 is fine
     with pytest.raises(ValueError, match="empty"):
         TargetFeatures(m, [])
 

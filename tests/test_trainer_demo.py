@@ -22,7 +22,7 @@ def test_demo_end_to_end(tmp_path):
     assert m["audit"]["samples"] == 121
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-00000300"
     cfg = json.loads((run_dir / "drafter" / "config.json").read_text())
-    assert cfg["block_size"] == 8 and cfg["dflash_config"]["target_layer_ids"] == [1, 3, 5]
+    assert cfg["block_size"] == 8 and cfg["dflash_config"]["target_layer_ids"] == [1, 3, 4]
     assert (run_dir / "drafter" / "model.safetensors").exists()
     for where in ("generated completions", "tokenized data", "checkpoints", "exported drafter", "acceptance length tau"):
         assert where in p.stdout
