@@ -79,7 +79,8 @@ else
 fi
 cd "$WORK" || exit 2   # not the checkout: `python -m` puts the working directory first on sys.path
 
-"$PYTHON" -c "import torch" 2>/dev/null || die "'$PYTHON' cannot import torch (set PYTHON to the python of the GPU stack)"
+"$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
+  || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
 
 STEPS="$WORK/steps.jsonl"
 : > "$STEPS"

@@ -160,3 +160,18 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path):
     p, _ = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHON": "/nonexistent/python"}), 0
     assert p.returncode == 2 and "/nonexistent/python" in p.stderr
+
+
+def test_gpu_plan_fits_the_default_budget_on_paper():
+    "The planned seconds of the GPU steps (without --sweep) and the summary's reserve add up to at most the default 360."
+    import re
+    text = SCRIPT.read_text()
+    assert re.search(r"^BUDGET=360\b", text, re.M)
+    gpu = re.search(r"^else +# one H200.*\n\s*(.*)$", text, re.M).group(1)
+    plan = {k: int(v) for k, v in re.findall(r"(E_\w+)=(\d+)", gpu)}
+    reserve = int(re.search(r"^RESERVE=(\d+)", text, re.M).group(1))
+    steps = ["E_ENV", "E_PAR", "E_SPD", "E_PIPE", "E_TST"]
+    assert sum(plan[k] for k in steps) + reserve <= 360, plan
+    # the header's table states the same plan
+    for name, key in (("env", "E_ENV"), ("parity", "E_PAR"), ("speed", "E_SPD"), ("pipeline", "E_PIPE"), ("tests", "E_TST")):
+        assert re.search(rf"^#\s+\w'?\.\s+{name}\s+{plan[key]} s\b", text, re.M), name
