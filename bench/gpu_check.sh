@@ -10,11 +10,13 @@
 #                script, its JSON and its budget handling, not the numbers (tests/test_gpu_check.py runs it)
 #   --sweep      also time the Triton kernel's candidate tile configs (step c', after the pipeline)
 #
-# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 345 s + 5 s for the summary):
+# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 345 s + 5 s for the summary;
+# estimated without a GPU, so the first real run is also the check of the plan). Inside a step, each part checks the
+# step's own deadline first and is skipped, and recorded under "skipped", when it no longer fits:
 #   a. env       15 s  GPU, capability, versions, where dflash_nb was imported from       -> gpu_env.json
 #   b. parity    90 s  bf16 triton / flex (compiled) / sdpa vs a float64 dense reference,  -> gpu_parity.json
-#                      out and dq/dk/dv; reduced, narrow-window (W < B) and flagship shapes (24/4 heads, D 256,
-#                      S 4096, 512 anchors, B 16; full and sliding W 2048)
+#                      out and dq/dk/dv; flagship (24/4 heads, D 256, S 4096, 512 anchors, B 16; full and
+#                      sliding W 2048), then narrow-window (W < B) and reduced shapes
 #   c. speed     60 s  fwd and fwd+bwd ms per backend at the flagship shape, useful TFLOP/s,  -> gpu_speed.json
 #                      the auto probe's choice
 #   d. pipeline 120 s  8-layer Qwen3.6-architecture target (hidden 5120, 3 Gated DeltaNet :  -> gpu_pipeline.json
