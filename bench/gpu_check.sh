@@ -53,6 +53,8 @@ done
 PYTHON="${PYTHON:-python3}"
 command -v "$PYTHON" >/dev/null 2>&1 || die "no python: '$PYTHON' not found (set PYTHON=/path/to/python)"
 PYTHON="$(command -v "$PYTHON")"
+"$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
+  || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
 START=$(date +%s)
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")" || die "cannot create a temporary directory"
@@ -81,8 +83,6 @@ else
 fi
 cd "$WORK" || exit 2   # not the checkout: `python -m` puts the working directory first on sys.path
 
-"$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
-  || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
 
 STEPS="$WORK/steps.jsonl"
 : > "$STEPS"
