@@ -1,34 +1,35 @@
 """Forward + backward time of anchor-block attention: Triton kernel vs compiled flex_attention vs SDPA (dense mask).
 
-Shapes (one packed row, DFlash drafter attention): S = 8192 context tokens, 512 anchors, block size B = 16
-(N*B = 8192 queries, S + N*B = 16384 keys), in several documents, for
+Shapes (one packed row, DFlash drafter attention): S = 8192 context tokens (--seq-len), 512 anchors (--anchors), block
+size B = 16 (N*B = 8192 queries, S + N*B = 16384 keys), in several documents, for
   * Qwen3-8B drafter:    32 query heads, 8 kv heads, head_dim 128
   * Qwen3.6-27B drafter: 24 query heads, 4 kv heads, head_dim 256 (the target's gated-attention layout per the
     Qwen3.6-27B model card: "Attention Heads: Q 24, KV 4; Head Dimension 256")
 and two layer kinds: full (context = document prefix) and sliding (window 2048, causal inside the block).
+Every backend runs through the public call `dflash_nb.attention.anchor_block_attention(..., backend=name)` on one
+shared `AnchorBlockLayout`, so the masks are the project's own (the dense mask, BlockMask and context ranges).
 
 Reported per (shape, kind, backend): ms forward, ms forward+backward (median of CUDA-event timings), useful TFLOP/s
-(only the visible (query, key) pairs count: fwd 4*pairs*D*H FLOPs, bwd 10*pairs*D*H, i.e. 2 and 5 matmuls), peak
-memory above inputs, max |out - sdpa out|, and the ratios triton/flex and triton/sdpa as speed-ups (other time /
-triton time, > 1 means triton is faster). For the Triton kernel, the shared memory of every launched config as the
-compiled kernel's metadata reports it, and the ahead-of-time compiled shared memory for sm_90 and sm_120 of every
-table entry. Targets on H200: triton fwd+bwd >= 1.0x flex (goal 1.2x) and >= 3x sdpa; every config <= 101,376 B.
+(only the visible (query, key) pairs of the dense mask count: fwd 4*pairs*D*H FLOPs, bwd 10*pairs*D*H, i.e. 2 and 5
+matmuls), peak memory above inputs, max |out - sdpa out|, and the ratios triton/flex and triton/sdpa as speed-ups
+(other time / triton time, > 1 means triton is faster). For the Triton kernel, the shared memory of every launched
+config as the compiled kernel's metadata reports it, and the ahead-of-time compiled shared memory for sm_90 and sm_120
+of every table entry. Targets on H200: triton fwd+bwd >= 1.0x flex (goal 1.2x) and >= 3x sdpa; every config <= 101,376 B.
 
 Without a GPU: says so, runs a tiny interpreter smoke test of the kernel and exits 0 without writing results.
+bench/gpu_check.py reuses the helpers below (layout, backends, timing, sweep) for the short GPU check.
 
 Usage: python bench/attention.py [--out bench/results/attention.json] [--shapes 8b,27b] [--kinds full,sliding]
-                                 [--backends triton,flex,sdpa] [--iters 10] [--sweep]
+                                 [--backends triton,flex,sdpa] [--iters 10] [--seq-len 8192] [--anchors 512] [--sweep]
 """
 from __future__ import annotations
-
-import os
-import sys
-
 
 import argparse
 import json
 import math
 import platform
+import statistics
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -46,24 +47,27 @@ S_CTX, N_ANCHORS, BLOCK = 8192, 512, 16
 N_DOCS = 6
 
 
-def packed_layout(device, seed=0):
-    "A packed row of N_DOCS documents (random lengths summing to S) and 512 anchors drawn by the real sampler."
+def packed_layout(device, seed=0, S=S_CTX, N=N_ANCHORS, B=BLOCK, docs=N_DOCS):
+    "A packed row of `docs` documents (random lengths summing to S) and N anchors drawn by the real sampler."
     from dflash_nb.anchors import sample_anchors
 
     g = torch.Generator().manual_seed(seed)
-    cuts = torch.sort(torch.randperm(S_CTX - 1, generator=g)[: N_DOCS - 1] + 1).values.tolist()
-    bounds = [0] + cuts + [S_CTX]
-    doc_ids = torch.cat([torch.full((bounds[i + 1] - bounds[i],), i) for i in range(N_DOCS)])
-    loss_mask = torch.ones(S_CTX, dtype=torch.bool)
-    anchors, keep = sample_anchors(loss_mask, doc_ids, BLOCK, N_ANCHORS, generator=g)
+    cuts = torch.sort(torch.randperm(S - 1, generator=g)[: docs - 1] + 1).values.tolist()
+    bounds = [0] + cuts + [S]
+    doc_ids = torch.cat([torch.full((bounds[i + 1] - bounds[i],), i) for i in range(docs)])
+    loss_mask = torch.ones(S, dtype=torch.bool)
+    anchors, keep = sample_anchors(loss_mask, doc_ids, B, N, generator=g)
     return anchors.to(device), keep.to(device), doc_ids.to(device)
 
 
-def visible_pairs(cs, ce, causal):
-    "Number of visible (query, key) pairs per head: context pairs plus own-block pairs."
-    n = cs.numel()
-    own = BLOCK * (BLOCK + 1) // 2 if causal else BLOCK * BLOCK
-    return int((ce.long() - cs.long()).clamp(min=0).sum()) * BLOCK + n * own
+def visible_pairs(layout, window, causal):
+    "Visible (query, key) pairs per head: the True entries of the project's dense mask of this kind."
+    return int(layout.dense_mask(window, causal).sum())
+
+
+def useful_flops(pairs, H, D):
+    "(forward, backward) FLOPs of the visible pairs: QK^T and PV forward (2 matmuls), 5 matmuls backward."
+    return 4 * pairs * D * H, 10 * pairs * D * H
 
 
 def cuda_time(fn, iters, warmup=3):
@@ -83,37 +87,33 @@ def cuda_time(fn, iters, warmup=3):
     return times[len(times) // 2]
 
 
-def make_backends(anchors, keep, doc_ids, window, causal, H, HKV):
-    "name -> attention(q, k, v) callables; mask structures are built once here (once per step in training)."
-    from dflash_nb.kernels import anchor_block_attention_triton
-    from dflash_nb.masks import anchor_block_block_mask, anchor_context_ranges, dense_anchor_block_mask
-
-    cs, ce = anchor_context_ranges(anchors, keep, doc_ids, window)
-    out = {"triton": lambda q, k, v: anchor_block_attention_triton(q, k, v, cs, ce, BLOCK, causal, window=window)}
-
-    def flex_factory():
-        from torch.nn.attention.flex_attention import flex_attention
-        bm = anchor_block_block_mask(anchors, keep, doc_ids, BLOCK, window, causal)
-        flex = torch.compile(flex_attention, dynamic=False)
-        return lambda q, k, v: flex(q, k, v, block_mask=bm, enable_gqa=H != HKV)
-
-    def sdpa_factory():
-        mask = dense_anchor_block_mask(anchors, keep, doc_ids, BLOCK, window=window, causal_in_block=causal)
-        g = H // HKV
-
-        def sdpa(q, k, v):  # kv heads repeated: the GQA path of the memory-efficient kernel with a boolean mask
-            k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return sdpa
-
-    out["flex"] = flex_factory
-    out["sdpa"] = sdpa_factory
-    return out, cs, ce
+def host_time(fn, iters, warmup=0):
+    "Median milliseconds of fn() over iters wall-clock runs (CPU dry runs)."
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
 
 
-def bench_one(fn, q, k, v, g, iters):
-    "Time forward and forward+backward; return dict with ms, peak memory and the output."
-    qq, kk, vv = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+def make_backends(layout, window, causal):
+    "name -> attention(q, k, v) through the public call; the layout caches each backend's mask structure once."
+    from dflash_nb.attention import anchor_block_attention
+
+    def backend(name):
+        return lambda q, k, v: anchor_block_attention(q, k, v, window=window, causal_in_block=causal, backend=name,
+                                                      layout=layout)
+    return {name: backend(name) for name in ("triton", "flex", "sdpa")}
+
+
+def bench_one(fn, q, k, v, g, iters, backward=True):
+    "Time forward (and forward+backward); return dict with ms, peak memory (CUDA) and the output."
+    cuda = q.device.type == "cuda"
+    timer = cuda_time if cuda else host_time
+    qq, kk, vv = [x.detach().clone().requires_grad_(backward) for x in (q, k, v)]
 
     def fwd():
         with torch.no_grad():
@@ -125,14 +125,20 @@ def bench_one(fn, q, k, v, g, iters):
         o.backward(g)
 
     out = fwd()  # compiles / autotunes
-    fwd_bwd()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fwd_bwd()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    return dict(ms_fwd=cuda_time(fwd, iters), ms_fwd_bwd=cuda_time(fwd_bwd, iters), peak_mem_gib=peak / 2**30), out
+    res = {}
+    if backward:
+        fwd_bwd()
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fwd_bwd() if backward else fwd()
+        torch.cuda.synchronize()
+        res["peak_mem_gib"] = (torch.cuda.max_memory_allocated() - base) / 2**30
+    res["ms_fwd"] = timer(fwd, iters)
+    if backward:
+        res["ms_fwd_bwd"] = timer(fwd_bwd, iters)
+    return res, out
 
 
 def aot_smem():
@@ -162,11 +168,15 @@ SWEEP = {  # candidate (block_m, block_n, warps, stages) per head_dim for --swee
     # tiles that fit only narrowly or spill a little on sm_120 but might be faster on Hopper, and smaller ones.
     128: [(128, 32, 8, 3), (64, 32, 8, 3), (64, 64, 8, 2), (128, 32, 8, 2), (32, 64, 8, 2), (128, 64, 8, 2)],
     256: [(64, 32, 8, 2), (32, 32, 8, 2), (32, 64, 8, 2), (32, 32, 8, 1), (16, 32, 8, 1), (64, 32, 4, 2)],
+    32: [(16, 16, 4, 1)],  # tiny head dim: only for the CPU dry run of the sweep, in the interpreter
 }
 
 
-def sweep(q, k, v, g, fn, D, iters, record):
-    "Time each candidate config per kernel (others at the table default); shared memory from AOT and launch."
+def sweep(q, k, v, g, fn, D, iters, record, time_left=None, need_s=0.0, aot=True):
+    """Time each candidate config per kernel (others at the table default); shared memory from AOT and launch.
+
+    With `time_left` (a callable returning seconds), candidates are skipped once fewer than `need_s` seconds remain;
+    `aot=False` leaves out the ahead-of-time compiles for sm_90/sm_120 (ptxas; slow on a CPU)."""
     from dflash_nb.kernels import LAUNCHED, SMEM_LIMIT, TileConfig, compiled_smem, override_configs
     res = {}  # LAUNCHED keys: (kernel, head_dim, dtype, BLOCK_M, BLOCK_N, warps, stages, capability)
     for kind in ("fwd", "dq", "dkdv"):
@@ -174,8 +184,13 @@ def sweep(q, k, v, g, fn, D, iters, record):
         for c in SWEEP.get(D, []):
             cfg = TileConfig(*c)
             row = dict(config=c)
+            if time_left is not None and time_left() < need_s:
+                row["skipped"] = f"out of time ({time_left():.0f} s left, one candidate needs ~{need_s:.0f} s)"
+                rows.append(row)
+                continue
             try:
-                row.update({f"aot_smem_sm{x}": compiled_smem(kind, D, q.dtype, x, cfg=cfg) for x in (90, 120)})
+                if aot:
+                    row.update({f"aot_smem_sm{x}": compiled_smem(kind, D, q.dtype, x, cfg=cfg) for x in (90, 120)})
             except Exception as e:  # AOT API of another Triton release: rely on the launched metadata below
                 row["aot_error"] = f"{type(e).__name__}: {e}"[:200]
             if max([v_ for k_, v_ in row.items() if k_.startswith("aot_smem")] or [0]) > SMEM_LIMIT:
@@ -188,11 +203,12 @@ def sweep(q, k, v, g, fn, D, iters, record):
                 row.update(t)
                 launched = [s_ for key, s_ in LAUNCHED.items() if key[0] == kind and key[1] == D and key[3:7] == c]
                 row["launched_smem"] = max(launched) if launched else None
-                row["fits_sm120"] = bool(launched) and max(launched) <= SMEM_LIMIT
+                # no launch metadata on CPU (interpreter): unknown, not a failure
+                row["fits_sm120"] = None if q.device.type == "cpu" else bool(launched) and max(launched) <= SMEM_LIMIT
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
             rows.append(row)
-        ok = [r for r in rows if "ms_fwd_bwd" in r and r.get("fits_sm120")]
+        ok = [r for r in rows if "ms_fwd_bwd" in r and r.get("fits_sm120") is not False]
         res[kind] = dict(candidates=rows, best=min(ok, key=lambda r: r["ms_fwd_bwd"])["config"] if ok else None)
         record(res)
     return res
@@ -205,7 +221,7 @@ def gpu_main(args):
     import triton
     result = dict(device=props.name, capability=list(torch.cuda.get_device_capability(dev)),
                   torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                  smem_limit_bytes=SMEM_LIMIT, S=S_CTX, anchors=N_ANCHORS, block_size=BLOCK, docs=N_DOCS,
+                  smem_limit_bytes=SMEM_LIMIT, S=args.seq_len, anchors=args.anchors, block_size=BLOCK, docs=N_DOCS,
                   dtype="bfloat16", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), runs=[])
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,30 +239,31 @@ def gpu_main(args):
         tmp.write_text(json.dumps(result, indent=1))
         tmp.replace(out_path)
 
-    anchors, keep, doc_ids = packed_layout(dev)
+    from dflash_nb.attention import AnchorBlockLayout
+    S, N = args.seq_len, args.anchors
+    layout = AnchorBlockLayout(*packed_layout(dev, S=S, N=N), BLOCK)
     for shape in args.shapes.split(","):
         H, HKV, D = SHAPES[shape]
         gen = torch.Generator(device=dev).manual_seed(0)
-        NB = N_ANCHORS * BLOCK
+        NB = N * BLOCK
         q = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
-        k = torch.randn(1, HKV, S_CTX + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
-        v = torch.randn(1, HKV, S_CTX + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        k = torch.randn(1, HKV, S + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        v = torch.randn(1, HKV, S + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
         g = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
         for kind in args.kinds.split(","):
             window, causal = KINDS[kind]
-            fns, cs, ce = make_backends(anchors, keep, doc_ids, window, causal, H, HKV)
-            pairs = visible_pairs(cs, ce, causal)
-            flops_fwd, flops_bwd = 4 * pairs * D * H, 10 * pairs * D * H
+            fns = make_backends(layout, window, causal)
+            pairs = visible_pairs(layout, window, causal)
+            flops_fwd, flops_bwd = useful_flops(pairs, H, D)
             run = dict(shape=shape, heads=H, kv_heads=HKV, head_dim=D, kind=kind, window=window,
                        causal_in_block=causal, visible_pairs_per_head=pairs,
-                       density=pairs / (NB * (S_CTX + NB)), backends={})
+                       density=pairs / (NB * (S + NB)), backends={})
             result["runs"].append(run)
             outs = {}
             for name in args.backends.split(","):
                 t0 = time.time()
                 try:
-                    fn = fns[name] if name == "triton" else fns[name]()
-                    r, outs[name] = bench_one(fn, q, k, v, g, args.iters)
+                    r, outs[name] = bench_one(fns[name], q, k, v, g, args.iters)
                     r["tflops_fwd"] = flops_fwd / r["ms_fwd"] / 1e9
                     r["tflops_fwd_bwd"] = (flops_fwd + flops_bwd) / r["ms_fwd_bwd"] / 1e9
                 except Exception as e:
@@ -293,18 +310,17 @@ def gpu_main(args):
 
 def cpu_smoke():
     "Tiny interpreter run of the kernel (forward + backward) against plain torch, so the script is exercised on CPU."
-    from dflash_nb.kernels import anchor_block_attention_triton
-    from dflash_nb.masks import anchor_context_ranges, dense_anchor_block_mask
+    from dflash_nb.attention import AnchorBlockLayout, anchor_block_attention
     doc_ids = torch.tensor([0] * 20 + [1] * 12)
     anchors, keep = torch.tensor([0, 5, 19, 22, 0]), torch.tensor([True, True, True, True, False])
     B, H, HKV, D = 4, 4, 2, 32
-    cs, ce = anchor_context_ranges(anchors, keep, doc_ids, None)
-    mask = dense_anchor_block_mask(anchors, keep, doc_ids, B)
+    layout = AnchorBlockLayout(anchors, keep, doc_ids, B)
+    mask = layout.dense_mask()
     q = torch.randn(1, H, 5 * B, D, requires_grad=True)
     k = torch.randn(1, HKV, 32 + 5 * B, D, requires_grad=True)
     v = torch.randn(1, HKV, 32 + 5 * B, D, requires_grad=True)
     t0 = time.time()
-    o = anchor_block_attention_triton(q, k, v, cs, ce, B)
+    o = anchor_block_attention(q, k, v, backend="triton", layout=layout)
     o.sum().backward()
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     ref = torch.softmax(((q @ kk.transpose(-1, -2)) / math.sqrt(D)).masked_fill(~mask, float("-inf")), -1) @ vv
@@ -320,6 +336,8 @@ def main(argv=None):
     p.add_argument("--kinds", default="full,sliding")
     p.add_argument("--backends", default="triton,flex,sdpa")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--seq-len", type=int, default=S_CTX, help="context tokens S of the packed row")
+    p.add_argument("--anchors", type=int, default=N_ANCHORS, help="anchor slots N of the packed row")
     p.add_argument("--sweep", action="store_true", help="also time candidate tile configs of the Triton kernel")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():

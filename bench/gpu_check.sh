@@ -1,114 +1,160 @@
 #!/usr/bin/env bash
-# One-shot GPU check for an H200-class machine (torch 2.11 / triton 3.6 there, no network).
+# The whole GPU check in one short window (one H200, ~6 minutes), or its CPU dry run.
 #
-#   bash bench/gpu_check.sh            # from anywhere; results land in bench/results/
+#   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep]
 #
-# Steps (each runs even if an earlier one failed; the exit status is non-zero if any failed):
-#   1. environment report            -> bench/results/gpu_env.json
-#   2. `pytest -m gpu tests/`         -> bench/results/gpu_tests.xml (+ log): bf16 parity of the Triton kernel (and
-#                                        flex through dflash_nb.attention when present) against the dense reference
-#   3. bench/attention.py             -> bench/results/attention.json: triton vs flex vs sdpa, fwd+bwd, TFLOP/s,
-#                                        shared memory of every launched config
-#   4. every other bench/*.py (bench/pipeline.py first when present), run with its own defaults; each writes its JSON
-#      into bench/results/ itself
-# Everything printed is also kept in bench/results/gpu_check.log.
+#   --budget S   wall-clock seconds for everything (default 360). Each step runs under `timeout`; a step whose planned
+#                time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
+#   --out DIR    where the JSON files go (default bench/results/; with --dry-run a new temporary directory)
+#   --dry-run    the same steps on CPU with tiny shapes (Triton in its interpreter, flex forward only): tests the
+#                script, its JSON and its budget handling, not the numbers (tests/test_gpu_check.py runs it)
+#   --sweep      also time the Triton kernel's candidate tile configs (step c', after the pipeline)
 #
-# Import path: setup.py maps kernels/ to dflash_nb.kernels, which a plain checkout cannot import without an install.
-# Instead of installing anything, the script copies dflash_nb/ and kernels/ into a throw-away package tree and runs
-# every step from there (PYTHONPATH), so the machine's Python environment is left untouched.
+# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 345 s + 5 s for the summary;
+# estimated without a GPU, so the first real run is also the check of the plan). Inside a step, each part checks the
+# step's own deadline first and is skipped, and recorded under "skipped", when it no longer fits:
+#   a. env       15 s  GPU, capability, versions, where dflash_nb was imported from       -> gpu_env.json
+#   b. parity    90 s  bf16 triton / flex (compiled) / sdpa vs a float64 dense reference,  -> gpu_parity.json
+#                      out and dq/dk/dv; flagship (24/4 heads, D 256, S 4096, 512 anchors, B 16; full and
+#                      sliding W 2048), then narrow-window (W < B) and reduced shapes
+#   c. speed     60 s  fwd and fwd+bwd ms per backend at the flagship shape, useful TFLOP/s,  -> gpu_speed.json
+#                      the auto probe's choice
+#   d. pipeline 120 s  8-layer Qwen3.6-architecture target (hidden 5120, 3 Gated DeltaNet :  -> gpu_pipeline.json
+#                      1 full attention, random weights) + the 5-layer flagship drafter on one GPU: I, T, P per row,
+#                      peak memory, the 64-layer extrapolation and the anchors per row that balance a split pair
+#   c'. sweep    90 s  (--sweep only) kernel tile candidates at the flagship shape           -> gpu_sweep.json
+#   e. tests     60 s  `pytest -m gpu` on the test files that have gpu tests, if >= 30 s remain -> gpu_tests.json
+#   summary       5 s  every step's status, wall time, plan and headline                      -> gpu_check.json
+# At most 7 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
+# step failed or timed out, 2 for a usage error (one line).
 #
-# Knobs (environment): PY (python with CUDA torch; default: first of .venv/bin/python, python3, python that sees a
-# GPU), TESTS_TIMEOUT (s, default 900), BENCH_TIMEOUT (s, default 1500), OTHER_TIMEOUT (s per bench, default 900),
-# BENCH_ARGS (extra args for bench/attention.py, e.g. "--sweep" or "--shapes 8b --kinds full").
+# It uses the machine's own python (`$PYTHON`, default `python3`) and packages, installs nothing and leaves the
+# checkout as it is: a temporary directory gets a `dflash_nb` package of symlinks to the checkout's dflash_nb/ files
+# plus `kernels/` as dflash_nb/kernels (what setup.py installs), and goes first on PYTHONPATH.
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-RESULTS="$REPO/bench/results"
-mkdir -p "$RESULTS"
-LOG="$RESULTS/gpu_check.log"
-: > "$LOG"
-exec > >(tee -a "$LOG") 2>&1
+BUDGET=360 OUT="" DRY=0 SWEEP=0
+usage() { echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep]"; }
+die() { echo "gpu_check.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budget) [ $# -ge 2 ] || die "--budget needs a value in seconds"; BUDGET="$2"; shift 2 ;;
+    --budget=*) BUDGET="${1#*=}"; shift ;;
+    --out) [ $# -ge 2 ] || die "--out needs a directory"; OUT="$2"; shift 2 ;;
+    --out=*) OUT="${1#*=}"; shift ;;
+    --dry-run) DRY=1; shift ;;
+    --sweep) SWEEP=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' ($(usage))" ;;
+  esac
+done
+[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -gt 0 ] || die "--budget must be a positive whole number of seconds, got '$BUDGET'"
+PYTHON="${PYTHON:-python3}"
+command -v "$PYTHON" >/dev/null 2>&1 || die "no python: '$PYTHON' not found (set PYTHON=/path/to/python)"
+PYTHON="$(command -v "$PYTHON")"
+"$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
+  || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
+START=$(date +%s)
 
-TESTS_TIMEOUT="${TESTS_TIMEOUT:-900}"
-BENCH_TIMEOUT="${BENCH_TIMEOUT:-1500}"
-OTHER_TIMEOUT="${OTHER_TIMEOUT:-900}"
-BENCH_ARGS="${BENCH_ARGS:-}"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")" || die "cannot create a temporary directory"
+trap 'rm -rf "$WORK"' EXIT
+if [ -z "$OUT" ]; then
+  if [ "$DRY" = 1 ]; then OUT="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_dry.XXXXXX")"; else OUT="$REPO/bench/results"; fi
+fi
+mkdir -p "$OUT" 2>/dev/null || die "cannot create the output directory $OUT"
+OUT="$(cd "$OUT" && pwd)"
+FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_sweep.json gpu_tests.json gpu_check.json)
+for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/$f.tmp"; done   # no stale result from an earlier run
+
+# ---- import shim: dflash_nb from this checkout, kernels/ as dflash_nb.kernels (setup.py's package_dir mapping)
+SHIM="$WORK/shim"
+mkdir -p "$SHIM/dflash_nb"
+for f in "$REPO"/dflash_nb/*; do
+  case "$(basename "$f")" in __pycache__|kernels) ;; *) ln -s "$f" "$SHIM/dflash_nb/" ;; esac
+done
+ln -s "$REPO/kernels" "$SHIM/dflash_nb/kernels"
+export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+if [ "$DRY" = 1 ]; then
+  export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1   # CPU even on a GPU machine; the kernel in Triton's interpreter
+  DRYFLAG=(--dry-run)
+else
+  DRYFLAG=()
+fi
+cd "$WORK" || exit 2   # not the checkout: `python -m` puts the working directory first on sys.path
+
+
+STEPS="$WORK/steps.jsonl"
+: > "$STEPS"
 status=0
-note() { printf '\n=== %s  [%s]\n' "$*" "$(date -u +%H:%M:%S)"; }
-step() {  # step NAME CMD...: run, report the exit code, remember a failure
-  local name="$1"; shift
-  "$@"; local rc=$?
-  if [ "$rc" -ne 0 ]; then echo "$name FAILED (rc=$rc)"; status=1; fi
+elapsed() { echo $(( $(date +%s) - START )); }
+RESERVE=5                                   # seconds kept for the summary
+jstr() { "$PYTHON" -c 'import json, sys; print(json.dumps(sys.stdin.read()[-1500:]))'; }
+
+# run_step NAME FILE EXPECTED MINIMUM CAP CMD...: skip when MINIMUM seconds no longer fit, else run CMD under
+# `timeout` for min(what is left, CAP) seconds; CMD may use @DEADLINE@ (that limit less a few seconds of grace).
+run_step() {
+  local name="$1" file="$2" expected="$3" minimum="$4" cap="$5"; shift 5
+  local left=$(( BUDGET - $(elapsed) - RESERVE ))
+  printf '\n=== %s  (plan %s s, %s s of the budget left)  [%s]\n' "$name" "$expected" "$left" "$(date -u +%H:%M:%S)"
+  if [ "$left" -lt "$minimum" ]; then
+    local why="skipped: needs ${minimum} s, ${left} s of the ${BUDGET} s budget left"
+    echo "$why"
+    printf '{"name": "%s", "file": "%s", "status": "skipped", "expected_s": %s, "wall_s": 0, "reason": "%s"}\n' \
+      "$name" "$file" "$expected" "$why" >> "$STEPS"
+    return 0
+  fi
+  local limit=$(( left < cap ? left : cap ))
+  local grace=$(( limit / 10 > 2 ? limit / 10 : 2 ))
+  [ "$grace" -gt 15 ] && grace=15
+  local args=() a
+  for a in "$@"; do args+=("${a//@DEADLINE@/$(( limit - grace ))}"); done
+  local t0=$(date +%s) rc
+  timeout -k 5 "$limit" "${args[@]}" 2>&1 | tee "$WORK/$name.log"
+  rc=${PIPESTATUS[0]}
+  local wall=$(( $(date +%s) - t0 )) st=ok reason=""
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st=timeout reason="killed by its ${limit} s time limit"; status=1
+  elif [ "$rc" -ne 0 ]; then st=failed reason="exit status $rc"; status=1; fi
+  rm -f "$OUT/$file.tmp"
+  printf '{"name": "%s", "file": "%s", "status": "%s", "rc": %s, "expected_s": %s, "limit_s": %s, "wall_s": %s, "reason": "%s", "log_tail": %s}\n' \
+    "$name" "$file" "$st" "$rc" "$expected" "$limit" "$wall" "$reason" "$(jstr < "$WORK/$name.log")" >> "$STEPS"
+  [ "$st" = ok ] || echo "$name: $st ($reason)"
 }
 
-# ---- pick a python whose torch sees a GPU
-if [ -z "${PY:-}" ]; then
-  for cand in "$REPO/.venv/bin/python" python3 python; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-      PY="$cand"; break
-    fi
-  done
+PY_STEP=("$PYTHON" "$REPO/bench/gpu_check.py")
+# planned seconds per step (the minimum that must be left to start it) and the cap of its time limit, in percent of
+# the plan: 150 % on the GPU; 300 % in the dry run, whose CPU may be shared with other jobs
+if [ "$DRY" = 1 ]; then  # 2 busy CPU cores: env, parity, speed, pipeline, sweep, tests (+ the minimum for tests)
+  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_SWP=6 E_TST=12 M_TST=8 CAP=300
+else                     # one H200 (see the table above)
+  E_ENV=15 E_PAR=90 E_SPD=60 E_PIPE=120 E_SWP=90 E_TST=60 M_TST=30 CAP=150
 fi
-if [ -n "${PY:-}" ] && command -v "$PY" >/dev/null 2>&1; then
-  case "$PY" in */*) PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")" ;; *) PY="$(command -v "$PY")" ;; esac
+run_step env      gpu_env.json      "$E_ENV"  "$E_ENV"  $(( E_ENV * CAP / 100 ))  "${PY_STEP[@]}" env      --out "$OUT/gpu_env.json"      --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+run_step parity   gpu_parity.json   "$E_PAR"  "$E_PAR"  $(( E_PAR * CAP / 100 ))  "${PY_STEP[@]}" parity   --out "$OUT/gpu_parity.json"   --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+run_step speed    gpu_speed.json    "$E_SPD"  "$E_SPD"  $(( E_SPD * CAP / 100 ))  "${PY_STEP[@]}" speed    --out "$OUT/gpu_speed.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+run_step pipeline gpu_pipeline.json "$E_PIPE" "$E_PIPE" $(( E_PIPE * CAP / 100 )) "${PY_STEP[@]}" pipeline --out "$OUT/gpu_pipeline.json" --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+if [ "$SWEEP" = 1 ]; then
+  run_step sweep  gpu_sweep.json    "$E_SWP"  "$E_SWP"  $(( E_SWP * CAP / 100 ))  "${PY_STEP[@]}" sweep    --out "$OUT/gpu_sweep.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+fi
+# e. the gpu-marked tests, in the files that have them (the others may need packages this machine lacks)
+mapfile -t TEST_FILES < <(grep -l "pytest.mark.gpu" "$REPO"/tests/test_*.py 2>/dev/null)
+if "$PYTHON" -c "import pytest" 2>/dev/null; then
+  run_step tests gpu_tests.json "$E_TST" "$M_TST" "$BUDGET" \
+    "$PYTHON" -m pytest -m gpu -q -rfE -p no:cacheprovider -c "$REPO/pytest.ini" --rootdir "$REPO" \
+    --continue-on-collection-errors --junitxml "$WORK/tests.xml" "${TEST_FILES[@]}"
+  if tail -n 1 "$STEPS" | grep -qv '"status": "skipped"'; then   # it ran: its junit XML becomes gpu_tests.json
+    "$PYTHON" "$REPO/bench/gpu_check.py" junit --junit "$WORK/tests.xml" --out "$OUT/gpu_tests.json" "${DRYFLAG[@]}" >/dev/null
+  fi
 else
-  echo "no python with a CUDA-enabled torch found (tried .venv/bin/python, python3, python); set PY=..." >&2
-  exit 2
+  printf '{"name": "tests", "file": "", "status": "skipped", "expected_s": %s, "wall_s": 0, "reason": "pytest is not installed for %s"}\n' \
+    "$E_TST" "$PYTHON" >> "$STEPS"
 fi
 
-# ---- throw-away package tree: dflash_nb + kernels as dflash_nb.kernels
-SHADOW="$(mktemp -d "${TMPDIR:-/tmp}/dflash_gpu_check.XXXXXX")"
-trap 'rm -rf "$SHADOW"' EXIT
-cp -r "$REPO/dflash_nb" "$SHADOW/dflash_nb"
-rm -rf "$SHADOW/dflash_nb/kernels"
-cp -r "$REPO/kernels" "$SHADOW/dflash_nb/kernels"
-export PYTHONPATH="$SHADOW${PYTHONPATH:+:$PYTHONPATH}"
-cd "$SHADOW"   # the working directory is on sys.path for `python -m`: make it the shadow tree, not the checkout
-
-note "1. environment"
-step "environment" "$PY" - "$RESULTS/gpu_env.json" <<'EOF'
-import json, platform, subprocess, sys
-import torch, triton
-import dflash_nb, dflash_nb.kernels
-info = dict(python=platform.python_version(), torch=torch.__version__, triton=triton.__version__,
-            cuda=torch.version.cuda, device=torch.cuda.get_device_name(0),
-            capability=list(torch.cuda.get_device_capability(0)), device_count=torch.cuda.device_count(),
-            dflash_nb=dflash_nb.__file__)
-try:
-    info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                                         "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout.strip()
-except Exception as e:
-    info["nvidia_smi"] = f"unavailable: {e}"
-print(json.dumps(info, indent=1))
-open(sys.argv[1], "w").write(json.dumps(info, indent=1))
-EOF
-
-note "2. gpu tests (pytest -m gpu)"
-if "$PY" -c "import pytest" 2>/dev/null; then
-  step "gpu tests" timeout "$TESTS_TIMEOUT" "$PY" -m pytest -m gpu -q -rA -p no:cacheprovider \
-      -c "$REPO/pytest.ini" --rootdir "$REPO" --junitxml "$RESULTS/gpu_tests.xml" "$REPO/tests"
-else
-  echo "pytest is not installed for $PY: gpu tests NOT run"; status=1
+# ---- summary: gpu_check.json and the table
+META=$(printf '{"budget_s": %s, "elapsed_s": %s, "dry_run": %s, "python": "%s", "out": "%s", "commit": "%s", "started": "%s"}' \
+  "$BUDGET" "$(elapsed)" "$([ "$DRY" = 1 ] && echo true || echo false)" "$PYTHON" "$OUT" \
+  "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" "$(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ)")
+if ! "$PYTHON" "$REPO/bench/gpu_check.py" summary --out "$OUT" --steps "$STEPS" --meta "$META"; then
+  echo "summary failed; the step records:"; cat "$STEPS"; status=1
 fi
-
-note "3. bench/attention.py"
-# shellcheck disable=SC2086  # BENCH_ARGS is deliberately word-split
-step "bench/attention.py" timeout "$BENCH_TIMEOUT" "$PY" "$REPO/bench/attention.py" --out "$RESULTS/attention.json" $BENCH_ARGS
-
-note "4. other GPU benches"
-others=()
-[ -f "$REPO/bench/pipeline.py" ] && others+=("$REPO/bench/pipeline.py")
-for f in "$REPO"/bench/*.py; do
-  case "$(basename "$f")" in attention.py|pipeline.py|_*|conftest.py) continue ;; esac
-  others+=("$f")
-done
-# run through runpy so that sys.path[0] is the shadow tree, not bench/
-for f in "${others[@]}"; do
-  note "   $(basename "$f")"
-  step "$(basename "$f")" timeout "$OTHER_TIMEOUT" "$PY" -c \
-    'import runpy, sys; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name="__main__")' "$f"
-done
-
-note "done: results in $RESULTS (status $status)"
-ls -l "$RESULTS"
 exit "$status"

@@ -1,0 +1,177 @@
+"""bench/gpu_check.sh --dry-run: the GPU check's steps end to end on CPU (tiny shapes), its JSON files and its budget.
+
+The numbers of a dry run mean nothing; what is tested is that every step runs, writes the JSON it promises, that the
+Triton kernel (interpreter) and the other backends agree with the float64 reference, that the pipeline's
+extrapolation arithmetic is what it prints, and that a budget too small for a step skips it and says why."""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "bench" / "gpu_check.sh"
+STEPS = ["env", "parity", "speed", "pipeline", "sweep", "tests"]
+FILES = {"env": "gpu_env.json", "parity": "gpu_parity.json", "speed": "gpu_speed.json", "pipeline": "gpu_pipeline.json",
+         "sweep": "gpu_sweep.json", "tests": "gpu_tests.json"}
+
+
+def run(*args, timeout=240):
+    env = {**os.environ, "PYTHON": sys.executable}
+    t = time.monotonic()
+    p = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
+    return p, time.monotonic() - t
+
+
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+@pytest.fixture(scope="module")
+def full(tmp_path_factory):
+    "One dry run with room for every step (the budget is a ceiling: it takes ~40 s on two quiet cores)."
+    out = tmp_path_factory.mktemp("gpu_check")
+    p, wall = run("--dry-run", "--budget", "150", "--sweep", "--out", str(out))
+    return out, p, wall
+
+
+@pytest.mark.slow
+def test_dry_run_runs_every_step_and_writes_its_json(full):
+    out, p, wall = full
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    files = sorted(f.name for f in out.iterdir())
+    assert files == sorted([*FILES.values(), "gpu_check.json"])          # <= 8 files, no .tmp left over
+    assert sum(f.stat().st_size for f in out.iterdir()) < 16 * 2**20
+    s = load(out / "gpu_check.json")
+    assert s["dry_run"] is True and s["budget_s"] == 150 and s["status"] == "ok"
+    assert [st["name"] for st in s["steps"]] == STEPS
+    for st in s["steps"]:
+        assert st["status"] == "ok", st
+        assert 0 < st["limit_s"] <= 150 and st["expected_s"] > 0
+        d = load(out / st["file"])
+        assert d["step"] == st["name"] and d["complete"] is True and d["dry_run"] is True and d["errors"] == []
+        assert d["headline"] and d["headline"] == st["headline"]
+    assert s["elapsed_s"] <= 150 and wall < 150 + 10
+    # the table comes last: one line per step with its status
+    table = p.stdout[p.stdout.rindex("step "):]
+    for name in STEPS:
+        assert any(line.split()[:2] == [name, "ok"] for line in table.splitlines()), table
+
+
+@pytest.mark.slow
+def test_dry_run_env_imports_the_checkout_through_the_shim(full):
+    out, _, _ = full
+    env = load(out / "gpu_env.json")["env"]
+    # dflash_nb.kernels is kernels/ of this checkout, reached through the script's throw-away package tree
+    assert Path(env["dflash_nb_kernels"]).name == "kernels" and Path(env["dflash_nb_kernels"]).parent.name == "dflash_nb"
+    assert not env["dflash_nb"].startswith(str(REPO)), env["dflash_nb"]
+    assert env["imported_optional_at_import"] == []           # no boto3 & co. pulled in by importing the package
+    assert env["device"] == "cpu (dry run)" and env["torch"]
+
+
+@pytest.mark.slow
+def test_dry_run_parity_all_backends_against_float64(full):
+    out, _, _ = full
+    d = load(out / FILES["parity"])
+    got = {(c["case"], c["window"] is not None) for c in d["cases"]}
+    assert got == {("flagship", False), ("flagship", True), ("narrow_window", True), ("reduced", False), ("reduced", True)}
+    narrow = next(c for c in d["cases"] if c["case"] == "narrow_window")
+    assert narrow["window"] < narrow["B"] and narrow["anchors_past_W_minus_B_plus_1"] > 0
+    for c in d["cases"]:
+        assert set(c["backends"]) == {"sdpa", "triton", "flex"} and c["visible_pairs"] > 0
+        for name, r in c["backends"].items():
+            assert r["ok"] is True, (c["case"], name, r)
+            assert 0 < r["out"] < 0.05
+            if name == "flex":                                      # no flex backward on CPU: said, not faked
+                assert "dq" not in r and "no flex_attention backward on CPU" in r["grads"]
+            else:
+                assert all(0 < r[t] <= r["bound"][t] for t in ("dq", "dk", "dv"))
+    assert d["all_ok"] is True
+
+
+@pytest.mark.slow
+def test_dry_run_speed_and_sweep(full):
+    out, _, _ = full
+    d = load(out / FILES["speed"])
+    assert [r["kind"] for r in d["runs"]] == ["sliding", "full"]
+    for r in d["runs"]:
+        assert 0 < r["density"] <= 1 and r["visible_pairs_per_head"] > 0
+        for name in ("triton", "flex", "sdpa"):
+            b = r["backends"][name]
+            assert b["ms_fwd"] > 0 and b["tflops_fwd"] > 0
+            assert ("ms_fwd_bwd" in b) == (name != "flex")
+    # on CPU with the interpreter: flex cannot train, so the probe takes the kernel, and says why
+    assert d["auto"]["backend"] == "triton" and "flex failed" in d["auto"]["reason"]
+    sw = load(out / FILES["sweep"])
+    assert all(sw["best"]["sliding"][k] is not None for k in ("fwd", "dq", "dkdv"))
+
+
+@pytest.mark.slow
+def test_dry_run_pipeline_arithmetic(full):
+    out, _, _ = full
+    d = load(out / FILES["pipeline"])
+    ph, ex = d["phases"], d["extrapolation"]
+    I, Ih = ph["I"]["seconds_per_row"], ph["I_half"]["seconds_per_row"]
+    nf, nh = ph["I"]["layers_run"], ph["I_half"]["layers_run"]
+    assert (nf, nh) == (8, 4) and d["target"]["layers"] == 8
+    assert ex["per_layer_s"] == pytest.approx((I - Ih) / (nf - nh))
+    assert ex["I_64_layer_target_s"] == pytest.approx(ex["overhead_s"] + 62 * ex["per_layer_s"])
+    assert f"{ex['I_64_layer_target_s']:.4f}" in ex["arithmetic"][-1]
+    T = {int(n): v["seconds_per_row"] for n, v in ph["T"].items()}
+    assert sorted(T) == [4, 8] and all(t > 0 for t in T.values())
+    assert ph["P"]["seconds_per_row"] > 0
+    bal = d["balance"]
+    if bal["anchors_balancing_64_layer_target"] is not None:
+        t0, t1 = bal["t0_s"], bal["t1_s_per_anchor"]
+        assert t0 + t1 * bal["anchors_balancing_64_layer_target"] == pytest.approx(ex["I_64_layer_target_s"])
+    assert d["drafter"]["layers"] == 5 and d["drafter"]["layer_types"] == ["sliding"] * 4 + ["full"]
+    t = load(out / FILES["tests"])
+    assert t["counts"]["skipped"] > 0 and t["counts"]["failed"] == t["counts"]["error"] == 0   # no CUDA: all skipped
+
+
+def test_tiny_budget_skips_what_does_not_fit(tmp_path):
+    (tmp_path / "gpu_parity.json").write_text('{"stale": true}')      # an earlier run's file must not survive
+    # 13 s (5 kept for the summary): env (planned 5 s) starts if python found torch within 3 s (on a loaded machine
+    # it is skipped too), and what it leaves is below the 6 s the cheapest later step plans
+    p, wall = run("--dry-run", "--budget", "13", "--sweep", "--out", str(tmp_path))
+    s = load(tmp_path / "gpu_check.json")
+    steps = {st["name"]: st for st in s["steps"]}
+    assert list(steps) == STEPS
+    env = steps["env"]
+    assert env["status"] in ("ok", "timeout", "skipped") and env.get("limit_s", 0) <= 13 - 5
+    assert (tmp_path / FILES["env"]).exists() == (env["status"] != "skipped")
+    for name in STEPS[1:]:
+        assert steps[name]["status"] == "skipped" and "of the 13 s budget left" in steps[name]["reason"], steps[name]
+        assert not (tmp_path / FILES[name]).exists()
+    assert p.returncode == (1 if env["status"] == "timeout" else 0)
+    assert wall < 13 + 8
+    assert "skipped" in p.stdout[p.stdout.rindex("step "):]
+
+
+def test_bad_arguments_are_one_line_exit_2(tmp_path):
+    for args, what in ((["--budget", "abc"], "got 'abc'"), (["--budget", "0"], "got '0'"), (["--frobnicate"], "'--frobnicate'"),
+                       (["--budget"], "--budget needs a value")):
+        p, _ = run(*args, timeout=30)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and what in p.stderr, (args, p.stderr)
+    assert not list(tmp_path.iterdir())
+    p, _ = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHON": "/nonexistent/python"}), 0
+    assert p.returncode == 2 and "/nonexistent/python" in p.stderr
+
+
+def test_gpu_plan_fits_the_default_budget_on_paper():
+    "The planned seconds of the GPU steps (without --sweep) and the summary's reserve add up to at most the default 360."
+    import re
+    text = SCRIPT.read_text()
+    assert re.search(r"^BUDGET=360\b", text, re.M)
+    gpu = re.search(r"^else +# one H200.*\n\s*(.*)$", text, re.M).group(1)
+    plan = {k: int(v) for k, v in re.findall(r"(E_\w+)=(\d+)", gpu)}
+    reserve = int(re.search(r"^RESERVE=(\d+)", text, re.M).group(1))
+    steps = ["E_ENV", "E_PAR", "E_SPD", "E_PIPE", "E_TST"]
+    assert sum(plan[k] for k in steps) + reserve <= 360, plan
+    # the header's table states the same plan
+    for name, key in (("env", "E_ENV"), ("parity", "E_PAR"), ("speed", "E_SPD"), ("pipeline", "E_PIPE"), ("tests", "E_TST")):
+        assert re.search(rf"^#\s+\w'?\.\s+{name}\s+{plan[key]} s\b", text, re.M), name
