@@ -205,3 +205,19 @@ def test_greedy_decode_equals_dflash_generate(tmp_path, monkeypatch, layer_types
         assert mine["accept_lengths"] == ref.acceptance_lengths, (mine["accept_lengths"], ref.acceptance_lengths)
         expect = 1 if drafts == "random" else 4
         assert max(mine["accept_lengths"]) == expect, mine["accept_lengths"]
+
+
+def test_with_modeling_code_autoModel_returns_the_drafter(target, tmp_path):
+    """`export --with-modeling-code`: `AutoModel.from_pretrained(dir, trust_remote_code=True)` returns the drafter, which
+    agrees with dflash_nb and with the dflash package; plain AutoModel builds a Qwen3 decoder (the wrong model)."""
+    from transformers import AutoModel
+    d = make_drafter(target, layer_types=["sliding", "full"], sliding_window=6, block_size=4)
+    out = export_drafter(d, d.config, tmp_path / "with_code", with_modeling_code=True)
+    code = (out / "modeling_dflash.py").read_text()
+    assert "dflash_nb" not in code and "import dflash" not in code       # self-contained: torch + transformers only
+    auto = AutoModel.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(auto).__name__ == "DFlashDraftModel" and type(auto).__module__.endswith("modeling_dflash")
+    check(target, d, auto, [30, 10], [0, 3, 9, 29, 35])
+    check(target, d, load_served(d, tmp_path), [30, 10], [0, 3, 9, 29, 35])
+    plain = AutoModel.from_pretrained(str(out), dtype=torch.float32)    # what a user gets without the flag
+    assert type(plain).__name__ == "Qwen3Model"
