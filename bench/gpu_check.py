@@ -499,7 +499,7 @@ def step_pipeline(a, rec):
                          weights_gib=round(sum(x.numel() * x.element_size() for x in target.parameters()) / 2**30, 2))
     print(f"[pipeline] target: {L} layers, {n_target / 1e9:.2f}B parameters, built in {time.perf_counter() - t0:.1f} s", flush=True)
     rec.save()
-    ids_full, ids_half = spread_ids(L - 1), spread_ids(L // 2 - 1)
+    ids_full, ids_half = spread_ids(L - 2), spread_ids(L // 2 - 2)   # id L - 1 is refused: serving reads it after the final norm
     feats = TargetFeatures(target, ids_full, max_batch_tokens=cfg.target.max_batch_tokens)
     V = dims["vocab_size"]
     hf = target.config
