@@ -141,11 +141,11 @@ def test_hybrid_target_recompute_is_lossless(world):
         g = greedy_generate(hyb, p, 9)["tokens"]
         ref = torch.cat([p, g])
         for who in (dr, ForcedProposer([ref], 4, "prefix")):
-            out = speculative_generate(who, hyb, p, 9, 4, [0, 2])
+            out = speculative_generate(who, hyb, p, 9, 4, [0, 1])
             assert out["cache"] == "recompute" and torch.equal(out["tokens"], g)
-        walk = acceptance_length(ForcedProposer([ref], 4, "prefix"), TargetFeatures(hyb, [0, 2]),
+        walk = acceptance_length(ForcedProposer([ref], 4, "prefix"), TargetFeatures(hyb, [0, 1]),
                                  [dict(input_ids=ref.tolist(), loss_mask=[0] * len(p) + [1] * 9)], block_size=4)
-        assert walk["tau"] == speculative_generate(ForcedProposer([ref], 4, "prefix"), hyb, p, 9, 4, [0, 2])["tau"]
+        assert walk["tau"] == speculative_generate(ForcedProposer([ref], 4, "prefix"), hyb, p, 9, 4, [0, 1])["tau"]
 
 
 def test_recompute_reference(world):

@@ -116,7 +116,7 @@ def test_dry_run_pipeline_arithmetic(full):
     ph, ex = d["phases"], d["extrapolation"]
     I, Ih = ph["I"]["seconds_per_row"], ph["I_half"]["seconds_per_row"]
     nf, nh = ph["I"]["layers_run"], ph["I_half"]["layers_run"]
-    assert (nf, nh) == (8, 4) and d["target"]["layers"] == 8
+    assert (nf, nh) == (7, 3) and d["target"]["layers"] == 8     # ids end at L - 2 (L - 1 is refused)
     assert ex["per_layer_s"] == pytest.approx((I - Ih) / (nf - nh))
     assert ex["I_64_layer_target_s"] == pytest.approx(ex["overhead_s"] + 62 * ex["per_layer_s"])
     assert f"{ex['I_64_layer_target_s']:.4f}" in ex["arithmetic"][-1]
