@@ -196,3 +196,128 @@ def test_cli(world, tmp_path):
     res = json.loads((tmp_path / "res.json").read_text())
     assert res["samples"] == 2 and res["block_size"] == 4 and res["tau"] == res["speculative"]["tau"]
     assert len(res["per_position"]) == 3 and sum(res["histogram"]) == res["cycles"]
+
+
+# ---------------------------------------------------------------- speculative sampling is lossless (statistical test)
+import itertools, math
+from dflash_nb.evaluate import sample_generate, sampling_probs, rejection_verify
+
+SV, SN, SB, SM = 4, 4, 4, 1000   # vocab, generated tokens (2 drafts verified in the first cycle), block size, runs
+
+
+@pytest.fixture(scope="module")
+def small_world():
+    "A 4-token-vocabulary target (peaked, so the drafter's q differs from p) and an untrained drafter on it."
+    torch.set_num_threads(1)
+    target = tiny_target(vocab_size=SV, num_layers=2, hidden_size=32, pad_token_id=0, eos_token_id=1, lm_head_std=1.0)
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=SB, target_layer_ids=[0, 1],
+                                    mask_token_id=SV - 1)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()).eval()
+    return dict(target=target, drafter=drafter, prompt=torch.tensor([2, 0, 3, 1, 2]))
+
+
+def _exact_joint(model, prompt, n, **sampling):
+    "The target's exact distribution of its next `n` tokens (V^n cells), from one batched forward over every prefix."
+    conts = torch.tensor(list(itertools.product(range(SV), repeat=n - 1)))
+    ids = torch.cat([prompt.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        pr = sampling_probs(model(input_ids=ids).logits[:, len(prompt) - 1:], **sampling)  # (V^(n-1), n, V)
+    joint = torch.zeros([SV] * n)
+    for r, c in enumerate(conts.tolist()):
+        for last in range(SV):
+            toks = c + [last]
+            joint[tuple(toks)] = math.prod(float(pr[r, i, t]) for i, t in enumerate(toks))
+    return joint.flatten()
+
+
+def _chi2_pvalue(counts, probs):
+    "Pearson χ² goodness of fit; cells expected below 5 are pooled into one. Returns (χ², df, p-value)."
+    exp_all = probs * counts.sum()
+    big = exp_all >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([exp_all[big], exp_all[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    x2, df = float(((obs - exp) ** 2 / exp).sum()), int(keep.sum()) - 1
+    return x2, df, float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(x2 / 2.0)))
+
+
+def _spec_counts(w, runs=SM, seed=1, verify=None, **sampling):
+    g, counts, lengths = torch.Generator().manual_seed(seed), torch.zeros(SV ** SN), []
+    for _ in range(runs):
+        o = speculative_generate(w["drafter"], w["target"], w["prompt"], SN, SB, generator=g, verify=verify, **sampling)
+        counts[sum(int(t) * SV ** (SN - 1 - i) for i, t in enumerate(o["tokens"]))] += 1
+        lengths += o["accept_lengths"]
+    return counts, lengths
+
+
+# Deliberately wrong acceptance rules (fault injection): each must fail the same test the real rule passes.
+def _always_accept(drafts, p, q, g):
+    n = drafts.numel()
+    return n, int(torch.multinomial(p[n], 1, generator=g))
+
+def _accept_with_p(drafts, p, q, g):        # accepts with p(d) instead of min(1, p(d)/q(d))
+    n, d = drafts.numel(), drafts.view(-1, 1)
+    acc = int((torch.rand(n, generator=g) < p[:n].gather(-1, d)[:, 0]).long().cumprod(0).sum())
+    row = p[n] if acc == n else (p[acc] - q[acc]).clamp_min(0)
+    return acc, int(torch.multinomial(row if row.sum() > 0 else p[acc], 1, generator=g))
+
+def _resample_from_p(drafts, p, q, g):      # the right acceptance test, but redraws from p instead of the residual
+    n, d = drafts.numel(), drafts.view(-1, 1)
+    u = torch.rand(n, generator=g)
+    acc = int((u * q[:n].gather(-1, d)[:, 0] < p[:n].gather(-1, d)[:, 0]).long().cumprod(0).sum())
+    return acc, int(torch.multinomial(p[acc], 1, generator=g))
+
+ALPHA = 1e-3
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=2.0, top_p=0.9, top_k=3)])
+def test_speculative_sampling_is_lossless(small_world, sampling):
+    "Joint distribution of the first 4 generated tokens (256 cells): speculative sampling vs the target's exact one."
+    exact = _exact_joint(small_world["target"], small_world["prompt"], SN, **sampling)
+    counts, lengths = _spec_counts(small_world, **sampling)
+    x2, df, pv = _chi2_pvalue(counts, exact)
+    print(sampling, x2, df, pv, sum(lengths) / len(lengths))
+    assert df >= 8 and pv > ALPHA, (x2, df, pv)
+    assert 1 < sum(lengths) / len(lengths) < SB and max(lengths) > 1   # drafts were accepted and rejected
+    if sampling.get("top_k"): return
+    # the same test on plain sampling (calibration: the exact joint is what the target samples)
+    g, plain = torch.Generator().manual_seed(2), torch.zeros(SV ** SN)
+    for _ in range(SM):
+        toks = sample_generate(small_world["target"], small_world["prompt"], SN, generator=g, **sampling)["tokens"]
+        plain[sum(int(t) * SV ** (SN - 1 - i) for i, t in enumerate(toks))] += 1
+    assert _chi2_pvalue(plain, exact)[2] > ALPHA
+
+
+@pytest.mark.parametrize("broken", [_always_accept, _accept_with_p, _resample_from_p])
+def test_broken_acceptance_rule_fails(small_world, broken):
+    "Control: the same test, same runs and seed, rejects each wrong rule (the test has the power to catch them)."
+    exact = _exact_joint(small_world["target"], small_world["prompt"], SN, temperature=1.0)
+    counts, _ = _spec_counts(small_world, verify=broken, temperature=1.0)
+    x2, df, pv = _chi2_pvalue(counts, exact)
+    print(broken.__name__, x2, df, pv)
+    assert pv < ALPHA, (broken.__name__, x2, df, pv)
+
+
+def test_rejection_verify_edges():
+    "Zero target mass on a draft: always rejected; p == q: always accepted; all accepted: bonus from the last row."
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    for _ in range(50):
+        assert rejection_verify(torch.tensor([0]), p, torch.tensor([[1.0, 0.0, 0.0]]), g) == (0, 1)
+    q = torch.tensor([[0.3, 0.3, 0.4]])
+    pp = torch.cat([q, torch.tensor([[0.0, 0.0, 1.0]])])
+    for _ in range(50):
+        assert rejection_verify(torch.multinomial(q[0], 1, generator=g), pp, q, g)[0] == 1
+        assert rejection_verify(torch.zeros(0, dtype=torch.long), pp[1:], q[:0], g) == (0, 2)
+
+
+def test_sampling_temperature_zero_is_greedy(world):
+    "temperature=0 through the sampling arguments is the greedy loop: same tokens as plain greedy decoding."
+    p, g = world["prompts"][0], world["greedy"][0]
+    out = speculative_generate(world["trained"], world["target"], p, N_NEW, B, temperature=0.0, seed=3)
+    assert torch.equal(out["tokens"], g)
+    assert torch.equal(sample_generate(world["target"], p, N_NEW, temperature=0.0)["tokens"], g)
+    with pytest.raises(ValueError, match="top_p"):
+        speculative_generate(world["trained"], world["target"], p, N_NEW, B, temperature=1.0, top_p=0.0)
