@@ -754,3 +754,5 @@ def _main_data(a, model, drafter, B) -> dict:
         print(f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} prompts, "
               f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup {cmp['speedup']:.2f}x)")
     return res
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: main()

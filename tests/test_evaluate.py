@@ -321,3 +321,78 @@ def test_sampling_temperature_zero_is_greedy(world):
     assert torch.equal(sample_generate(world["target"], p, N_NEW, temperature=0.0)["tokens"], g)
     with pytest.raises(ValueError, match="top_p"):
         speculative_generate(world["trained"], world["target"], p, N_NEW, B, temperature=1.0, top_p=0.0)
+
+
+# ---------------------------------------------------------------- benchmark prompt sets
+from dflash_nb.evaluate import read_prompt_file, render_prompts, prompt_set_tau, PromptFileError
+
+PROMPTS = REPO / "tests" / "data" / "prompts"
+
+
+def test_prompt_files_render_like_the_chat_template():
+    "Bundled files: prompt / system / messages records, a trailing reference answer dropped, ids = apply_chat_template."
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    for f in ("math.jsonl", "chat.jsonl"):
+        convs = read_prompt_file(PROMPTS / f)
+        assert all(c[-1]["role"] == "user" for c in convs)
+        for c, ids in zip(convs, render_prompts(convs, tok)):
+            ref = tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
+            assert ids.tolist() == list(ref)
+    convs = read_prompt_file(PROMPTS / "math.jsonl")
+    assert convs[1][0] == {"role": "system", "content": "You are a careful math tutor."} and len(convs[2]) == 1
+    # template kwargs pass through: thinking off renders the empty think block the Qwen3 template adds
+    on, off = render_prompts(convs[:1], tok)[0], render_prompts(convs[:1], tok, chat_template_kwargs={"enable_thinking": False})[0]
+    assert "<think>" not in tok.decode(on) and tok.decode(off).endswith("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("text,msg", [("{\"prompt\": \"a\"}\nnot json\n", "x.jsonl:2: not JSON"),
+                                      ("{\"question\": \"a\"}\n", "x.jsonl:1: no prompt or messages field"),
+                                      ("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}\n", "x.jsonl:1: nothing to answer"),
+                                      ("\n\n", "x.jsonl: no records")])
+def test_prompt_file_errors(tmp_path, text, msg):
+    (tmp_path / "x.jsonl").write_text(text)
+    with pytest.raises(PromptFileError, match=msg): read_prompt_file(tmp_path / "x.jsonl")
+
+
+def test_prompt_set_tau_matches_the_loop(world):
+    "τ of a prompt set is the loop's: forced perfect drafts at T=0 give τ = B; at T=1 the same drafts are accepted less."
+    forced = ForcedProposer(world["refs"], B, "perfect")
+    res = prompt_set_tau(forced, world["target"], world["prompts"][:4], (0.0,), N_NEW, B, world["cfg"].target_layer_ids)
+    assert res[0.0]["tau"] == B and res[0.0]["prompts"] == 4 and res[0.0]["tokens"] == 4 * (N_NEW - 1)
+    res = prompt_set_tau(world["trained"], world["target"], world["prompts"][:4], (0.0, 1.0), N_NEW, B)
+    greedy_lengths = sum((speculative_generate(world["trained"], world["target"], p, N_NEW, B)["accept_lengths"]
+                          for p in world["prompts"][:4]), [])
+    assert res[0.0]["tau"] == sum(greedy_lengths) / len(greedy_lengths)
+    again = prompt_set_tau(world["trained"], world["target"], world["prompts"][:4], (1.0,), N_NEW, B)
+    assert again[1.0]["tau"] == res[1.0]["tau"] and 1.0 <= res[1.0]["tau"] <= B   # seeded: reproducible
+
+
+def test_cli_prompts(tmp_path):
+    "`python -m dflash_nb.evaluate --prompts A B --temperature 0 1 --json`: one row per file, one column per temperature."
+    from dflash_nb.export import export_drafter
+    cfg = DrafterConfig.from_target(tiny_target().config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3],
+                                    mask_token_id=151669)
+    t = tiny_target()
+    export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg, tmp_path / "drafter")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = [sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny"]
+    r = subprocess.run(base + ["--prompts", str(PROMPTS / "math.jsonl"), str(PROMPTS / "chat.jsonl"), "--temperature", "0", "1",
+                               "--max-new-tokens", "6", "--chat-template-kwargs", '{"enable_thinking": false}',
+                               "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(l for l in lines if l.startswith("prompt set"))
+    assert "τ @ T=0" in head and "τ @ T=1" in head
+    rows = {l.split()[0]: l.split()[1:] for l in lines if l.startswith(("math.jsonl", "chat.jsonl"))}
+    assert rows["math.jsonl"][0] == "3" and rows["chat.jsonl"][0] == "2" and all(len(v) == 3 for v in rows.values())
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["temperatures"] == [0.0, 1.0] and res["chat_template_kwargs"] == {"enable_thinking": False}
+    for name, row in rows.items():
+        for T, shown in zip(("0", "1"), row[1:]):
+            cell = res["prompt_sets"][name][T]
+            assert f"{cell['tau']:.3f}" == shown and sum(cell["histogram"]) == cell["cycles"] and len(cell["per_position"]) == 3
+    # a bad record: one line naming the file and line, exit status 2, before any model is loaded
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
+    r = subprocess.run(base + ["--prompts", str(bad)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}:2: no prompt or messages field", r.stderr
