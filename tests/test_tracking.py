@@ -1,0 +1,58 @@
+"""Experiment tracking: a real training run with report_to=[tensorboard] leaves event files whose scalars, read back with
+TensorBoard's own reader, equal metrics.jsonl record by record; bad names and missing packages stop the run at startup."""
+import json, sys
+from pathlib import Path
+import pytest, torch
+from _trainer_common import make_data, train_cfg
+from dflash_nb.trainer import train
+from dflash_nb.config import ConfigError
+from dflash_nb.tracking import flatten_scalars, wandb_mode, MissingTrackerError
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data") / "train", n=12)
+
+
+def _f32(x: float) -> float:
+    return torch.tensor(x, dtype=torch.float32).item()   # TensorBoard stores scalars as float32
+
+
+def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, data_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    run = tmp_path / "run"
+    train(train_cfg(run, data_dir, steps=4, log_every=2, report_to=["tensorboard"]))
+    recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if "event" not in r]
+    assert [r["step"] for r in recs] == [2, 4]
+    files = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    ea = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0}); ea.Reload()
+    want = [flatten_scalars(r) for r in recs]
+    assert sorted(ea.Tags()["scalars"]) == sorted(want[0])
+    for tag in ("loss", "acc/1", "acc/3", "tau_est", "lr", "grad_norm", "tokens_per_s", "target_busy", "drafter_busy",
+                "queue_depth", "skipped", "nonfinite_total"):
+        assert tag in want[0], tag
+    for tag in want[0]:
+        got = [(e.step, e.value) for e in ea.Scalars(tag)]
+        assert got == [(r["step"], _f32(w[tag])) for r, w in zip(recs, want)], tag
+
+
+def test_bad_report_to_stops_at_startup(tmp_path, data_dir):
+    with pytest.raises(ConfigError, match="train.report_to: unknown tracker 'mlflow'"):
+        train(train_cfg(tmp_path / "a", data_dir, steps=1, report_to=["mlflow"]))
+    saved = sys.modules.get("wandb"); sys.modules["wandb"] = None   # fault injection: wandb not installed
+    try:
+        with pytest.raises(MissingTrackerError, match=r"'wandb' but the wandb package is not installed \(pip install wandb\)"):
+            train(train_cfg(tmp_path / "b", data_dir, steps=1, report_to=["tensorboard", "wandb"]))
+    finally:
+        if saved is None: del sys.modules["wandb"]
+        else: sys.modules["wandb"] = saved
+    assert not (tmp_path / "b" / "tensorboard").exists() and not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_wandb_offline_unless_configured(monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wandb_mode() == "online"
