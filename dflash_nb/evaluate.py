@@ -13,8 +13,9 @@ from torch import nn
 # %% auto #0
 __all__ = ['generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs', 'rejection_verify',
            'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length', 'capture_layers', 'sample_generate',
-           'greedy_generate', 'speculative_generate', 'compare_decoding', 'PromptFileError', 'read_prompt_file',
-           'render_prompts', 'prompt_set_tau', 'format_tau_table', 'load_target_spec', 'load_drafter_dir', 'main']
+           'greedy_generate', 'speculative_generate', 'compare_decoding', 'forward_costs', 'expected_speedup',
+           'PromptFileError', 'read_prompt_file', 'render_prompts', 'prompt_set_tau', 'format_tau_table',
+           'load_target_spec', 'load_drafter_dir', 'main']
 
 # %% ../nbs/09_evaluate.ipynb #158ae965
 def generated_span(
@@ -517,6 +518,53 @@ def compare_decoding(
                spec_ms_per_token=1e3 * s_s / max(n_spec, 1), speedup=(g_s / max(n_tok, 1)) / (s_s / max(n_spec, 1)) if s_s else float("nan"))
     return out
 
+# %% ../nbs/09_evaluate.ipynb #570e2ebc
+def _median_seconds(fn, device, repeats: int) -> float:
+    "Median wall time of `fn()` over `repeats` runs after one warm-up (CUDA synchronized around each run)."
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    ts = []
+    for i in range(repeats + 1):
+        sync(); t = time.perf_counter(); fn(); sync()
+        if i: ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2]
+
+@torch.inference_mode()
+def forward_costs(
+    drafter,               # DFlashDrafter or a proposer
+    model,                 # the target CausalLM
+    prompt_ids,            # (P,) a representative prompt: the target's cache holds it while timing
+    block_size: int | None = None,
+    layer_ids=None,
+    repeats: int = 5,
+    backend: str = "sdpa",
+) -> dict:
+    "Median seconds of a target forward on 1 new token (`target_1`), on a B-token block (`target_block`), and a drafter block (`drafter`)."
+    from transformers import DynamicCache
+    cfg = getattr(drafter, "config", None)
+    B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
+    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
+    proposer = _as_proposer(drafter, B, backend, 1)
+    dev = model.get_input_embeddings().weight.device
+    prompt = torch.as_tensor(prompt_ids).long().to(dev)
+    P, kw = prompt.numel(), {_model_kwargs_cache_name(model): DynamicCache(config=model.config), "use_cache": True}
+    with capture_layers(model, layer_ids) as store:
+        model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
+        feats = _features_from(store, layer_ids)
+        def target(n):
+            x = prompt[-1:].expand(n)[None]
+            model(input_ids=x, position_ids=torch.arange(P, P + n, device=dev)[None], **kw)
+            _crop_cache(kw[_model_kwargs_cache_name(model)], P)
+        t1 = _median_seconds(lambda: target(1), dev, repeats)
+        tB = _median_seconds(lambda: target(B), dev, repeats)
+    seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
+    ddev = getattr(getattr(getattr(proposer, "drafter", None), "fc", None), "weight", feats).device
+    td = _median_seconds(lambda: proposer.propose(seq, ctx, torch.tensor([P], device=dev)), ddev, repeats)
+    return dict(target_1=t1, target_block=tB, drafter=td, block_size=B, prompt_tokens=P, device=str(dev))
+
+def expected_speedup(tau: float, costs: dict) -> float:
+    "τ · t_1 / (t_drafter + t_block): tokens per second of speculative decoding over plain decoding, from forward costs."
+    return tau * costs["target_1"] / (costs["drafter"] + costs["target_block"])
+
 # %% ../nbs/09_evaluate.ipynb #b7080ae1
 class PromptFileError(ValueError):
     "A prompt file that can't be read: the message names the file and line."
@@ -592,16 +640,17 @@ def prompt_set_tau(
         out[float(T)] = s
     return out
 
-def format_tau_table(results: dict, temperatures) -> str:
-    "One row per prompt set, one τ column per temperature."
+def format_tau_table(results: dict, temperatures, key: str = "tau", label: str = "τ", fmt: str = ".3f") -> str:
+    "One row per prompt set, one column per temperature: `key` of every cell (τ by default)."
     names = list(results)
     w = max([len("prompt set")] + [len(n) for n in names])
-    head = f"{'prompt set':<{w}}  prompts  " + "  ".join(f"{'τ @ T=' + format(float(T), 'g'):>10}" for T in temperatures)
+    head = f"{'prompt set':<{w}}  prompts  " + "  ".join(f"{label + ' @ T=' + format(float(T), 'g'):>12}" for T in temperatures)
     rows = [head, "-" * len(head)]
     for n in names:
         r = results[n]
+        cells = [r[float(T)].get(key) for T in temperatures]
         rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
-                    "  ".join(f"{r[float(T)]['tau']:>10.3f}" for T in temperatures))
+                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) else f"{'-':>12}" for c in cells))
     return "\n".join(rows)
 
 # %% ../nbs/09_evaluate.ipynb #2b370833
@@ -683,6 +732,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="cap on generated tokens per sample / prompt (--prompts default 256)")
     ap.add_argument("--recompute-reference", action="store_true", help="--data: regenerate each continuation greedily with the target (when the data was not generated by this target)")
     ap.add_argument("--speculative", type=int, default=0, metavar="N", help="--data: also run the real speculative loop vs plain decoding on the prompts of the first N samples")
+    ap.add_argument("--speedup", action="store_true", help="measure target and drafter forward times here and print the expected decoding speed-up of every τ")
+    ap.add_argument("--measure-speedup", type=int, default=0, metavar="N", help="--prompts: also time the real speculative loop against plain decoding on the first N prompts of every file")
     ap.add_argument("--chunk", type=int, default=64, help="anchor blocks drafted per drafter forward in the walk")
     ap.add_argument("--backend", default="sdpa", help="drafter attention backend (sdpa, flex, triton)")
     ap.add_argument("--device", default=None); ap.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
@@ -708,17 +759,38 @@ def main(argv=None) -> dict:
 def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     tok = _tokenizer_for(a.target, a.tokenizer)
     stop, n_new = _stop_ids(model, tok), a.max_new_tokens or 256
-    sets = {}
+    sets, rendered = {}, {}
     for f, c in convs.items():
         name = Path(f).name if sum(Path(g).name == Path(f).name for g in convs) == 1 else str(f)
-        sets[name] = prompt_set_tau(drafter, model, render_prompts(c, tok, chat_template_kwargs=kwargs), a.temperature, n_new, B,
+        rendered[name] = render_prompts(c, tok, chat_template_kwargs=kwargs)
+        sets[name] = prompt_set_tau(drafter, model, rendered[name], a.temperature, n_new, B,
                                     stop_token_ids=stop, top_p=a.top_p, top_k=a.top_k, seed=a.seed, backend=a.backend)
     print(f"τ, block size {B}, at most {n_new} new tokens per prompt" + (f", top-p {a.top_p}" if a.top_p < 1 else "")
           + (f", top-k {a.top_k}" if a.top_k else ""))
     print(format_tau_table(sets, a.temperature))
-    return dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in a.temperature], top_p=a.top_p,
-                top_k=a.top_k, seed=a.seed, chat_template_kwargs=kwargs,
-                prompt_sets={n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()})
+    out = dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in a.temperature], top_p=a.top_p,
+               top_k=a.top_k, seed=a.seed, chat_template_kwargs=kwargs)
+    if a.speedup:
+        costs = forward_costs(drafter, model, next(iter(rendered.values()))[0], B, backend=a.backend)
+        for s in sets.values():
+            for r in s.values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        out["forward_costs"] = costs
+        print(_costs_line(costs)); print(format_tau_table(sets, a.temperature, "expected_speedup", "speed-up", ".2f"))
+    if a.measure_speedup:
+        for name, s in sets.items():
+            for T, r in s.items():
+                r["measured"] = compare_decoding(drafter, model, rendered[name][: a.measure_speedup], n_new, B, stop_token_ids=stop,
+                                                 backend=a.backend, temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+                r["measured_speedup"] = r["measured"]["speedup"]
+        print(f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file")
+        print(format_tau_table(sets, a.temperature, "measured_speedup", "speed-up", ".2f"))
+    out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
+    return out
+
+def _costs_line(c: dict) -> str:
+    return (f"forward costs on {c['device']} ({c['prompt_tokens']}-token context): target {1e3 * c['target_1']:.2f} ms per token, "
+            f"{1e3 * c['target_block']:.2f} ms per {c['block_size']}-token block; drafter {1e3 * c['drafter']:.2f} ms per block "
+            f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)")
 
 def _main_data(a, model, drafter, B) -> dict:
     from dflash_nb.data import read_shards
@@ -747,6 +819,13 @@ def _main_data(a, model, drafter, B) -> dict:
                                               temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed + i)["stats"])
             res["sampled"][format(T, "g")] = st.summary()
             print(f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = {st.summary()['tau']:.3f}")
+    if a.speedup and prompts:
+        costs = forward_costs(drafter, model, prompts[0], B, backend=a.backend)
+        res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
+        for r in res.get("sampled", {}).values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        print(_costs_line(costs))
+        print(f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0" + "".join(
+            f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items()))
     if a.speculative:
         cmp = compare_decoding(drafter, model, prompts[: a.speculative], budgets[: a.speculative], block_size=B,
                                stop_token_ids=stop, backend=a.backend)

@@ -378,12 +378,14 @@ def test_cli_prompts(tmp_path):
     base = [sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny"]
     r = subprocess.run(base + ["--prompts", str(PROMPTS / "math.jsonl"), str(PROMPTS / "chat.jsonl"), "--temperature", "0", "1",
                                "--max-new-tokens", "6", "--chat-template-kwargs", '{"enable_thinking": false}',
-                               "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+                               "--speedup", "--measure-speedup", "1", "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     head = next(l for l in lines if l.startswith("prompt set"))
     assert "τ @ T=0" in head and "τ @ T=1" in head
-    rows = {l.split()[0]: l.split()[1:] for l in lines if l.startswith(("math.jsonl", "chat.jsonl"))}
+    rows = {}
+    for l in lines:   # the τ table comes first (the speed-up tables repeat the row names)
+        if l.startswith(("math.jsonl", "chat.jsonl")): rows.setdefault(l.split()[0], l.split()[1:])
     assert rows["math.jsonl"][0] == "3" and rows["chat.jsonl"][0] == "2" and all(len(v) == 3 for v in rows.values())
     res = json.loads((tmp_path / "res.json").read_text())
     assert res["temperatures"] == [0.0, 1.0] and res["chat_template_kwargs"] == {"enable_thinking": False}
@@ -391,6 +393,12 @@ def test_cli_prompts(tmp_path):
         for T, shown in zip(("0", "1"), row[1:]):
             cell = res["prompt_sets"][name][T]
             assert f"{cell['tau']:.3f}" == shown and sum(cell["histogram"]) == cell["cycles"] and len(cell["per_position"]) == 3
+            # expected speed-up = τ · t_1 / (t_drafter + t_block) from the costs measured in the run; the real one timed
+            c = res["forward_costs"]
+            assert cell["expected_speedup"] == pytest.approx(cell["tau"] * c["target_1"] / (c["drafter"] + c["target_block"]))
+            assert cell["measured"]["prompts"] == 1 and cell["measured_speedup"] > 0
+    assert "expected speed-up" in r.stdout and "measured: speculative loop vs plain decoding" in r.stdout
+    assert res["forward_costs"]["block_size"] == 4 and min(res["forward_costs"][k] for k in ("target_1", "target_block", "drafter")) > 0
     # a bad record: one line naming the file and line, exit status 2, before any model is loaded
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
