@@ -3,7 +3,7 @@ TensorBoard's own reader, equal metrics.jsonl record by record; bad names and mi
 import json, sys
 from pathlib import Path
 import pytest, torch
-from _trainer_common import make_data, train_cfg
+from _trainer_common import make_data, train_cfg, train_dict, write_run_config, run_module
 from dflash_nb.trainer import train
 from dflash_nb.config import ConfigError
 from dflash_nb.tracking import flatten_scalars, wandb_mode, MissingTrackerError
@@ -18,10 +18,9 @@ def _f32(x: float) -> float:
     return torch.tensor(x, dtype=torch.float32).item()   # TensorBoard stores scalars as float32
 
 
-def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, data_dir):
+def _check_events_equal_metrics(run):
+    "One event file; every tag's (step, value) series equals the scalars of metrics.jsonl's interval records."
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    run = tmp_path / "run"
-    train(train_cfg(run, data_dir, steps=4, log_every=2, report_to=["tensorboard"]))
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     recs = [r for r in recs if "event" not in r]
     assert [r["step"] for r in recs] == [2, 4]
@@ -36,6 +35,21 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, data_dir):
     for tag in want[0]:
         got = [(e.step, e.value) for e in ea.Scalars(tag)]
         assert got == [(r["step"], _f32(w[tag])) for r, w in zip(recs, want)], tag
+
+
+def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, data_dir):
+    train(train_cfg(tmp_path / "run", data_dir, steps=4, log_every=2, report_to=["tensorboard"]))
+    _check_events_equal_metrics(tmp_path / "run")
+
+
+def test_tensorboard_rank0_only_under_torchrun(tmp_path, data_dir):
+    "Two gloo ranks through `python -m dflash_nb.train`: rank 0 alone writes events (one file), equal to metrics.jsonl."
+    cfg = write_run_config(tmp_path / "two.yaml", train_dict(tmp_path / "two", data_dir, steps=4, log_every=2,
+                                                             report_to=["tensorboard"]))
+    p = run_module(cfg, torchrun=2, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "ranks 2" in p.stdout
+    _check_events_equal_metrics(tmp_path / "two")
 
 
 def test_bad_report_to_stops_at_startup(tmp_path, data_dir):
