@@ -190,12 +190,19 @@ def test_cli(world, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny",
                         "--data", str(tmp_path / "data"), "--num-samples", "2", "--recompute-reference", "--max-new-tokens", "8",
-                        "--speculative", "2", "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+                        "--speculative", "2", "--temperature", "0", "1", "--speedup", "--json", str(tmp_path / "res.json")],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "τ = " in r.stdout and "identical to greedy on 2/2" in r.stdout
     res = json.loads((tmp_path / "res.json").read_text())
     assert res["samples"] == 2 and res["block_size"] == 4 and res["tau"] == res["speculative"]["tau"]
     assert len(res["per_position"]) == 3 and sum(res["histogram"]) == res["cycles"]
+    # temperature 1: speculative sampling on the samples' prompts; --speedup: forward costs and the expected speed-ups
+    assert "τ at temperature 1 (speculative sampling on the 2 prompts)" in r.stdout and "expected speed-up" in r.stdout
+    s1, c = res["sampled"]["1"], res["forward_costs"]
+    assert 1.0 <= s1["tau"] <= 4 and sum(s1["histogram"]) == s1["cycles"]
+    for tau, sp in ((res["tau"], res["expected_speedup"]), (s1["tau"], s1["expected_speedup"])):
+        assert sp == pytest.approx(tau * c["target_1"] / (c["drafter"] + c["target_block"]))
 
 
 # ---------------------------------------------------------------- speculative sampling is lossless (statistical test)
