@@ -1,6 +1,6 @@
 """Experiment tracking: a real training run with report_to=[tensorboard] leaves event files whose scalars, read back with
 TensorBoard's own reader, equal metrics.jsonl record by record; bad names and missing packages stop the run at startup."""
-import json, sys
+import json, struct, sys
 from pathlib import Path
 import pytest, torch
 from _trainer_common import make_data, train_cfg, train_dict, write_run_config, run_module
@@ -63,6 +63,42 @@ def test_bad_report_to_stops_at_startup(tmp_path, data_dir):
         if saved is None: del sys.modules["wandb"]
         else: sys.modules["wandb"] = saved
     assert not (tmp_path / "b" / "tensorboard").exists() and not (tmp_path / "b" / "checkpoints").exists()
+
+
+def read_wandb_history(path) -> list[dict]:
+    "History rows of an offline W&B run file (a LevelDB-style log of wandb Record protobufs, 32 KiB blocks)."
+    from wandb.proto import wandb_internal_pb2 as pb
+    data = Path(path).read_bytes()
+    assert data[:4] == b":W&B", "not a W&B run file"
+    pos, block, rows, buf = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7: pos += left; continue
+        length, kind = struct.unpack("<HB", data[pos + 4: pos + 7])
+        if length == 0 and kind == 0: pos += left; continue   # zero padding at a block's end
+        chunk = data[pos + 7: pos + 7 + length]; pos += 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk
+        if kind in (1, 4):
+            r = pb.Record(); r.ParseFromString(buf); buf = b""
+            if r.WhichOneof("record_type") == "history":
+                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in r.history.item})
+    return rows
+
+
+def test_wandb_offline_run_equals_metrics_jsonl(tmp_path, data_dir, monkeypatch):
+    "No WANDB_MODE set: an offline run under run_dir/wandb whose history rows are metrics.jsonl's scalars, step by step."
+    for k in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"): monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wbconfig")); monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wbcache"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "run"
+    train(train_cfg(run, data_dir, steps=4, log_every=2, report_to=["wandb"]))
+    runs = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and not list((run / "wandb").glob("run-*"))   # offline, not a synced online run
+    recs = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
+    rows = read_wandb_history(runs[0])
+    assert [r["_step"] for r in rows] == [r["step"] for r in recs] == [2, 4]
+    for row, rec in zip(rows, recs):
+        assert {k: v for k, v in row.items() if not k.startswith("_")} == pytest.approx(flatten_scalars(rec), nan_ok=True)
 
 
 def test_wandb_offline_unless_configured(monkeypatch):
