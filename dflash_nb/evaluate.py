@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['generated_span', 'accepted_prefix', 'AcceptanceStats', 'DrafterProposer', 'ForcedProposer', 'walk_sample',
-           'acceptance_length', 'capture_layers', 'greedy_generate', 'speculative_generate', 'compare_decoding',
+__all__ = ['generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs', 'rejection_verify',
+           'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length', 'capture_layers', 'sample_generate',
+           'greedy_generate', 'speculative_generate', 'compare_decoding', 'forward_costs', 'expected_speedup',
+           'PromptFileError', 'read_prompt_file', 'render_prompts', 'prompt_set_tau', 'format_tau_table',
            'load_target_spec', 'load_drafter_dir', 'main']
 
 # %% ../nbs/09_evaluate.ipynb #158ae965
@@ -70,6 +72,54 @@ class AcceptanceStats:
         return dict(tau=sum(self.lengths) / n if n else float("nan"), cycles=n, tokens=sum(self.lengths),
                     per_position=per_pos, histogram=hist[1:], block_size=B)
 
+# %% ../nbs/09_evaluate.ipynb #04e7c186
+def check_sampling(temperature: float, top_p: float = 1.0, top_k: int = 0):
+    "Raise ValueError unless temperature ≥ 0, 0 < top_p ≤ 1 and top_k ≥ 0."
+    if not (temperature >= 0 and math.isfinite(temperature)): raise ValueError(f"temperature must be a finite number ≥ 0, got {temperature}")
+    if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0 or int(top_k) != top_k: raise ValueError(f"top_k must be an integer ≥ 0 (0 = no limit), got {top_k}")
+
+def sampling_probs(
+    logits,                    # (..., V) logits
+    temperature: float = 1.0,  # 0: greedy (one-hot on the argmax)
+    top_p: float = 1.0,        # nucleus: keep the smallest set of most likely tokens whose mass reaches top_p
+    top_k: int = 0,            # keep only the k most likely tokens (0: no limit)
+) -> torch.Tensor:
+    "The distribution a sampler draws from, (..., V) float32 rows summing to 1."
+    check_sampling(temperature, top_p, top_k)
+    x = logits.float()
+    if temperature == 0: return nn.functional.one_hot(x.argmax(-1), x.shape[-1]).float()
+    x = x / temperature
+    if 0 < top_k < x.shape[-1]:
+        kth = x.topk(int(top_k), dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    p = torch.softmax(x, dim=-1)
+    if top_p < 1:
+        sp, order = p.sort(dim=-1, descending=True)
+        sp = sp.masked_fill(sp.cumsum(-1) - sp >= top_p, 0.0)  # drop tokens once the more likely ones reach top_p
+        p = torch.zeros_like(p).scatter(-1, order, sp)
+        p = p / p.sum(-1, keepdim=True)
+    return p
+
+# %% ../nbs/09_evaluate.ipynb #b251cdbc
+def rejection_verify(
+    drafts,          # (n,) draft tokens for positions a+1 .. a+n, drawn from q
+    p,               # (n+1, V) the target's distributions: p[i] follows the anchor and drafts[:i]
+    q,               # (n, V) the drafter's distributions the drafts were drawn from
+    generator=None,  # torch.Generator on p's device (None: the global RNG)
+) -> tuple[int, int]:
+    "(accepted drafts, next token) by the speculative-sampling rule; the committed tokens are distributed as the target's."
+    n = int(drafts.numel())
+    d = drafts.to(p.device).long().view(-1, 1)
+    pd, qd = p[:n].gather(-1, d)[:, 0], q.to(p.device)[:n].gather(-1, d)[:, 0]
+    u = torch.rand(n, generator=generator, device=p.device)
+    acc = int((u * qd < pd).long().cumprod(0).sum())  # accepted with probability min(1, p/q); q(d) > 0 as d came from q
+    if acc == n: row = p[n]
+    else:
+        row = (p[acc] - q[acc].to(p.device)).clamp_min(0)
+        if not bool(row.sum() > 0): row = p[acc]  # p == q on this slot: a rejection had probability 0 (rounding)
+    return acc, int(torch.multinomial(row, 1, generator=generator))
+
 # %% ../nbs/09_evaluate.ipynb #b04b6d96
 class DrafterProposer:
     "Greedy drafts of a `DFlashDrafter`: one forward drafts every requested anchor block at once."
@@ -86,15 +136,8 @@ class DrafterProposer:
         self.max_anchors, self.logits_rows = int(max_anchors), int(logits_rows)
         self.mask_token_id = int(drafter.config.mask_token_id)
 
-    @torch.no_grad()
-    def propose(
-        self,
-        input_ids,     # (S,) tokens; only input_ids[a] of each anchor a enters a block (the context is `features`)
-        features,      # (S, n_t·H) target features; block j sees rows [0, a_j) only
-        anchors,       # (N,) anchor positions, ascending
-        position_ids=None,  # (S,) context positions; default 0..S-1
-    ) -> torch.Tensor:
-        "`(N, B−1)` greedy draft tokens for positions a+1 .. a+B−1 of every anchor a."
+    def _hidden(self, input_ids, features, anchors, position_ids):
+        "Yield (anchors, (n, B−1, H) drafter hidden states of slots 1..B−1) per chunk of `max_anchors` anchors."
         from dflash_nb.attention import AnchorBlockLayout
         from dflash_nb.anchors import block_input_ids, block_position_ids
         d, B = self.drafter, self.block_size
@@ -105,18 +148,44 @@ class DrafterProposer:
         S = input_ids.shape[0]
         pos = torch.arange(S, device=dev) if position_ids is None else torch.as_tensor(position_ids, device=dev).long()
         doc = torch.zeros(S, dtype=torch.long, device=dev)
-        lm_head = d.lm_head
-        out = []
         for c in range(0, anchors.numel(), self.max_anchors):
             a = anchors[c:c + self.max_anchors]
             keep = torch.ones(a.numel(), dtype=torch.bool, device=dev)
             layout = AnchorBlockLayout(a, keep, doc, B)
             hid = d(features, pos, block_input_ids(input_ids, a, keep, B, self.mask_token_id),
                     block_position_ids(pos, a, B), layout, backend=self.backend)
-            hid = hid.view(a.numel(), B, -1)[:, 1:].reshape(a.numel() * (B - 1), -1)
-            toks = torch.cat([lm_head(hid[r:r + self.logits_rows]).argmax(-1) for r in range(0, hid.shape[0], self.logits_rows)])
+            yield a, hid.view(a.numel(), B, -1)[:, 1:]
+
+    @torch.no_grad()
+    def propose(
+        self,
+        input_ids,     # (S,) tokens; only input_ids[a] of each anchor a enters a block (the context is `features`)
+        features,      # (S, n_t·H) target features; block j sees rows [0, a_j) only
+        anchors,       # (N,) anchor positions, ascending
+        position_ids=None,  # (S,) context positions; default 0..S-1
+    ) -> torch.Tensor:
+        "`(N, B−1)` greedy draft tokens for positions a+1 .. a+B−1 of every anchor a."
+        B, out = self.block_size, []
+        for a, hid in self._hidden(input_ids, features, anchors, position_ids):
+            hid = hid.reshape(a.numel() * (B - 1), -1)
+            toks = torch.cat([self.drafter.lm_head(hid[r:r + self.logits_rows]).argmax(-1) for r in range(0, hid.shape[0], self.logits_rows)])
             out.append(toks.view(a.numel(), B - 1))
-        return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=dev)
+        return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=self.drafter.fc.weight.device)
+
+    @torch.no_grad()
+    def propose_sampled(
+        self,
+        input_ids, features, anchors,  # as in `propose`
+        temperature: float, top_p: float = 1.0, top_k: int = 0,
+        generator=None,                # torch.Generator on the drafter's device
+        position_ids=None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        "(drafts (N, B−1), q (N, B−1, V)): every slot's draft drawn from the drafter's own distribution q."
+        toks, qs = [], []
+        for a, hid in self._hidden(input_ids, features, anchors, position_ids):
+            q = sampling_probs(self.drafter.lm_head(hid), temperature, top_p, top_k)
+            toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2])); qs.append(q)
+        return torch.cat(toks), torch.cat(qs)
 
 # %% ../nbs/09_evaluate.ipynb #1d0ffc0d
 class ForcedProposer:
@@ -265,16 +334,28 @@ def _cache_mode(model, cache: str) -> str:
     return "dynamic" if all(t == "full_attention" for t in types) else "recompute"
 
 # %% ../nbs/09_evaluate.ipynb #90d1c0b8
+def _generator(generator, seed, device):
+    "The generator to draw from: `generator` if given, a new one seeded with `seed` on `device`, or None (global RNG)."
+    if generator is not None or seed is None: return generator
+    return torch.Generator(device=device).manual_seed(int(seed))
+
 @torch.inference_mode()
-def greedy_generate(
+def sample_generate(
     model,                 # transformers CausalLM
     prompt_ids,            # (P,) long
     max_new_tokens: int,   # tokens to generate (the first comes from the prefill)
+    temperature: float = 1.0,  # 0: greedy
+    top_p: float = 1.0,
+    top_k: int = 0,
     stop_token_ids=(),     # stop after generating one of these (it is kept)
+    generator=None,        # torch.Generator on the model's device
+    seed: int | None = None,  # seeds a new generator when `generator` is None
 ) -> dict:
-    "Plain greedy decoding with a DynamicCache, one token per forward: the baseline and the reference."
+    "Plain decoding with a DynamicCache, one token per forward, each drawn from `sampling_probs` (argmax at temperature 0)."
     from transformers import DynamicCache
+    check_sampling(temperature, top_p, top_k)
     dev = model.get_input_embeddings().weight.device
+    gen = _generator(generator, seed, dev)
     ids = torch.as_tensor(prompt_ids).long().to(dev)
     cache_kw = _model_kwargs_cache_name(model)
     cache = DynamicCache(config=model.config)
@@ -282,15 +363,45 @@ def greedy_generate(
     out, t0 = [], time.perf_counter()
     x, pos = ids[None], torch.arange(ids.numel(), device=dev)[None]
     while len(out) < max_new_tokens:
-        logits = model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits
-        nxt = int(logits[0, -1].argmax())
+        logits = model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits[0, -1]
+        if temperature == 0: nxt = int(logits.argmax())
+        else: nxt = int(torch.multinomial(sampling_probs(logits, temperature, top_p, top_k), 1, generator=gen))
         out.append(nxt)
         if nxt in stop: break
         p = ids.numel() + len(out) - 1
         x, pos = torch.tensor([[nxt]], device=dev), torch.tensor([[p]], device=dev)
     return dict(tokens=torch.tensor(out, dtype=torch.long), seconds=time.perf_counter() - t0, forwards=len(out))
 
+def greedy_generate(
+    model,                 # transformers CausalLM
+    prompt_ids,            # (P,) long
+    max_new_tokens: int,   # tokens to generate (the first comes from the prefill)
+    stop_token_ids=(),     # stop after generating one of these (it is kept)
+) -> dict:
+    "Plain greedy decoding with a DynamicCache, one token per forward: the baseline and the reference."
+    return sample_generate(model, prompt_ids, max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
+
 # %% ../nbs/09_evaluate.ipynb #d8b21abb
+def _sampled_drafts(proposer, seq, ctx, a, cap, temperature, top_p, top_k, gen, dev, vocab_size):
+    "(drafts, q) for one anchor: sampled from the drafter's distributions, or, for a proposer without them, its tokens with one-hot q."
+    anchor = torch.tensor([a], device=dev)
+    if getattr(proposer, "propose_sampled", None) is not None:
+        pdev = getattr(getattr(getattr(proposer, "drafter", None), "fc", None), "weight", ctx).device
+        # the drafter draws from its own generator state on its device; on the target's device reuse `gen`
+        g = gen if gen is None or pdev == gen.device else _drafter_generator(proposer, gen, pdev)
+        d, q = proposer.propose_sampled(seq, ctx, anchor, temperature, top_p, top_k, generator=g)
+        return d[0, :cap].to(dev), q[0, :cap].to(dev)
+    d = proposer.propose(seq, ctx, anchor)[0, :cap].to(dev)
+    return d, nn.functional.one_hot(d, vocab_size).float()
+
+def _drafter_generator(proposer, gen, pdev):
+    "A generator on the drafter's device, seeded once from `gen` (device pairs: target and drafter on different GPUs)."
+    g = getattr(proposer, "_gen", None)
+    if g is None or g.device != pdev:
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen, device=gen.device))
+        g = proposer._gen = torch.Generator(device=pdev).manual_seed(seed)
+    return g
+
 @torch.inference_mode()
 def speculative_generate(
     drafter,               # DFlashDrafter or a proposer (.propose)
@@ -302,8 +413,14 @@ def speculative_generate(
     stop_token_ids=(),     # stop after committing one of these (it is kept)
     cache: str = "auto",   # "dynamic" (KV cache, cropped after rejections), "recompute" (no cache), "auto"
     backend: str = "sdpa",
+    temperature: float = 0.0,  # 0: greedy speculative decoding; > 0: speculative sampling (lossless: the target's distribution)
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator=None,        # torch.Generator on the target's device, for sampling
+    seed: int | None = None,  # seeds a new generator when `generator` is None
+    verify=None,           # the acceptance rule under sampling (default `rejection_verify`; fault injection in tests)
 ) -> dict:
-    "Greedy speculative decoding: the drafter proposes a block, the target verifies it in one forward, accepted + bonus are committed."
+    "Speculative decoding: the drafter proposes a block, the target verifies it in one forward, accepted + bonus are committed."
     from transformers import DynamicCache
     cfg = getattr(drafter, "config", None)
     B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
@@ -316,21 +433,27 @@ def speculative_generate(
     kv = DynamicCache(config=model.config) if mode == "dynamic" else None
     kw = {cache_kw: kv, "use_cache": True} if kv is not None else {"use_cache": False}
     stop = set(int(t) for t in stop_token_ids)
+    check_sampling(temperature, top_p, top_k)
+    greedy, verify = temperature == 0, verify or rejection_verify
+    gen = _generator(generator, seed, dev)
+    probs = lambda lg: sampling_probs(lg, temperature, top_p, top_k)
     stats, t0 = AcceptanceStats(B), time.perf_counter()
     with capture_layers(model, layer_ids) as store:
         # prefill: features of the prompt, first generated token
         logits = model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw).logits
-        seq = torch.cat([prompt, logits[0, -1].argmax()[None]])
+        first = logits[0, -1].argmax()[None] if greedy else torch.multinomial(probs(logits[0, -1]), 1, generator=gen)
+        seq = torch.cat([prompt, first])
         feats = _features_from(store, layer_ids)  # rows for every token fed to the target so far: seq[:-1]
         n_gen, forwards, stopped = 1, 1, int(seq[-1]) in stop
         while n_gen < max_new_tokens and not stopped:
             a = seq.numel() - 1  # anchor: the last committed token, not yet seen by the target
             cap = min(B - 1, max_new_tokens - n_gen - 1)
+            drafts, q = seq.new_zeros(0), None
             if cap > 0:
                 ctx = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])  # row a is a placeholder the mask never shows
-                drafts = proposer.propose(seq, ctx, torch.tensor([a], device=dev))[0, :cap].to(dev)
-            else:
-                drafts = seq.new_zeros(0)
+                if greedy: drafts = proposer.propose(seq, ctx, torch.tensor([a], device=dev))[0, :cap].to(dev)
+                else: drafts, q = _sampled_drafts(proposer, seq, ctx, a, cap, temperature, top_p, top_k, gen, dev,
+                                                     model.get_output_embeddings().weight.shape[0])
             block = torch.cat([seq[a:], drafts])
             if kv is not None:
                 logits = model(input_ids=block[None], position_ids=torch.arange(a, a + block.numel(), device=dev)[None], **kw).logits[0]
@@ -341,9 +464,14 @@ def speculative_generate(
                                logits_to_keep=block.numel(), **kw).logits[0]
                 new_feats = _features_from(store, layer_ids)[a:]
             forwards += 1
-            target_next = logits.argmax(-1)  # target_next[i] = the target's token after block[: i + 1]
-            acc = accepted_prefix(drafts, target_next[:cap])
-            new = torch.cat([drafts[:acc], target_next[acc:acc + 1]])
+            if greedy:
+                target_next = logits.argmax(-1)  # target_next[i] = the target's token after block[: i + 1]
+                acc = accepted_prefix(drafts, target_next[:cap])
+                new = torch.cat([drafts[:acc], target_next[acc:acc + 1]])
+            else:  # p[i] = the target's distribution after block[: i + 1]
+                q = q if q is not None else logits.new_zeros(0, logits.shape[-1])
+                acc, nxt = verify(drafts, probs(logits[: drafts.numel() + 1]), q, gen)
+                new = torch.cat([drafts[:acc], drafts.new_tensor([nxt])])
             hit = [i for i, t in enumerate(new.tolist()) if t in stop]
             if hit: new, stopped = new[: hit[0] + 1], True
             stats.add(new.numel() - 1, cap)
@@ -353,7 +481,8 @@ def speculative_generate(
             seq = torch.cat([seq, new]); n_gen += new.numel()
     secs = time.perf_counter() - t0
     s = stats.summary()
-    return dict(tokens=seq[P:].cpu(), seconds=secs, forwards=forwards, tau=s["tau"], accept_lengths=stats.lengths, stats=stats, cache=mode)
+    return dict(tokens=seq[P:].cpu(), seconds=secs, forwards=forwards, tau=s["tau"], accept_lengths=stats.lengths, stats=stats, cache=mode,
+                temperature=float(temperature))
 
 # %% ../nbs/09_evaluate.ipynb #65a199d0
 def compare_decoding(
@@ -366,23 +495,163 @@ def compare_decoding(
     stop_token_ids=(),
     cache: str = "auto",
     backend: str = "sdpa",
+    temperature: float = 0.0,  # > 0: speculative sampling vs plain sampling (outputs are then not compared token by token)
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int = 0,         # prompt i samples with seed + i
 ) -> dict:
-    "Speculative vs plain greedy decoding on the same prompts: are the outputs identical, τ, and seconds per token of each."
+    "Speculative vs plain decoding on the same prompts: are the (greedy) outputs identical, τ, and seconds per token of each."
     budgets = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
     B = int(block_size or getattr(getattr(drafter, "config", None), "block_size", 0) or drafter.block_size)
-    stats, g_s, s_s, n_tok, mismatches, forwards = AcceptanceStats(B), 0.0, 0.0, 0, [], 0
+    stats, g_s, s_s, n_tok, n_spec, mismatches, forwards = AcceptanceStats(B), 0.0, 0.0, 0, 0, [], 0
     for i, (p, n) in enumerate(zip(prompts, budgets)):
-        g = greedy_generate(model, p, n, stop_token_ids)
+        g = sample_generate(model, p, n, temperature, top_p, top_k, stop_token_ids, seed=seed + i)
         s = speculative_generate(drafter, model, p, n, block_size=B, layer_ids=layer_ids, stop_token_ids=stop_token_ids,
-                                 cache=cache, backend=backend)
-        if not torch.equal(g["tokens"], s["tokens"]): mismatches.append(i)
-        g_s += g["seconds"]; s_s += s["seconds"]; n_tok += g["tokens"].numel(); forwards += s["forwards"]
+                                 cache=cache, backend=backend, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed + i)
+        if temperature == 0 and not torch.equal(g["tokens"], s["tokens"]): mismatches.append(i)
+        g_s += g["seconds"]; s_s += s["seconds"]; n_tok += g["tokens"].numel(); n_spec += s["tokens"].numel(); forwards += s["forwards"]
         stats.merge(s["stats"])
     out = stats.summary()
-    out.update(prompts=len(prompts), identical=len(prompts) - len(mismatches), mismatches=mismatches, tokens=n_tok,
+    out.update(prompts=len(prompts), identical=len(prompts) - len(mismatches) if temperature == 0 else None,
+               mismatches=mismatches, tokens=n_tok, temperature=float(temperature),
                target_forwards=forwards, greedy_ms_per_token=1e3 * g_s / max(n_tok, 1),
-               spec_ms_per_token=1e3 * s_s / max(n_tok, 1), speedup=g_s / s_s if s_s else float("nan"))
+               spec_ms_per_token=1e3 * s_s / max(n_spec, 1), speedup=(g_s / max(n_tok, 1)) / (s_s / max(n_spec, 1)) if s_s else float("nan"))
     return out
+
+# %% ../nbs/09_evaluate.ipynb #570e2ebc
+def _median_seconds(fn, device, repeats: int) -> float:
+    "Median wall time of `fn()` over `repeats` runs after one warm-up (CUDA synchronized around each run)."
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    ts = []
+    for i in range(repeats + 1):
+        sync(); t = time.perf_counter(); fn(); sync()
+        if i: ts.append(time.perf_counter() - t)
+    return sorted(ts)[len(ts) // 2]
+
+@torch.inference_mode()
+def forward_costs(
+    drafter,               # DFlashDrafter or a proposer
+    model,                 # the target CausalLM
+    prompt_ids,            # (P,) a representative prompt: the target's cache holds it while timing
+    block_size: int | None = None,
+    layer_ids=None,
+    repeats: int = 5,
+    backend: str = "sdpa",
+) -> dict:
+    "Median seconds of a target forward on 1 new token (`target_1`), on a B-token block (`target_block`), and a drafter block (`drafter`)."
+    from transformers import DynamicCache
+    cfg = getattr(drafter, "config", None)
+    B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
+    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
+    proposer = _as_proposer(drafter, B, backend, 1)
+    dev = model.get_input_embeddings().weight.device
+    prompt = torch.as_tensor(prompt_ids).long().to(dev)
+    P, kw = prompt.numel(), {_model_kwargs_cache_name(model): DynamicCache(config=model.config), "use_cache": True}
+    with capture_layers(model, layer_ids) as store:
+        model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
+        feats = _features_from(store, layer_ids)
+        def target(n):
+            x = prompt[-1:].expand(n)[None]
+            model(input_ids=x, position_ids=torch.arange(P, P + n, device=dev)[None], **kw)
+            _crop_cache(kw[_model_kwargs_cache_name(model)], P)
+        t1 = _median_seconds(lambda: target(1), dev, repeats)
+        tB = _median_seconds(lambda: target(B), dev, repeats)
+    seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
+    ddev = getattr(getattr(getattr(proposer, "drafter", None), "fc", None), "weight", feats).device
+    td = _median_seconds(lambda: proposer.propose(seq, ctx, torch.tensor([P], device=dev)), ddev, repeats)
+    return dict(target_1=t1, target_block=tB, drafter=td, block_size=B, prompt_tokens=P, device=str(dev))
+
+def expected_speedup(tau: float, costs: dict) -> float:
+    "τ · t_1 / (t_drafter + t_block): tokens per second of speculative decoding over plain decoding, from forward costs."
+    return tau * costs["target_1"] / (costs["drafter"] + costs["target_block"])
+
+# %% ../nbs/09_evaluate.ipynb #b7080ae1
+class PromptFileError(ValueError):
+    "A prompt file that can't be read: the message names the file and line."
+
+def read_prompt_file(
+    path,                   # JSONL: {"prompt": str[, "system": str]} or {"messages": [...]} per line
+    role_map: dict | None = None,  # rename roles (default: ShareGPT's human/gpt)
+) -> list[list[dict]]:
+    "The conversations to continue, one per record; a final assistant turn is dropped."
+    from dflash_nb.data import _messages, RecordError
+    role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
+    p, out = Path(path), []
+    if not p.is_file(): raise PromptFileError(f"{p}: no such prompt file")
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip(): continue
+        try: rec = json.loads(line)
+        except json.JSONDecodeError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e.msg})") from None
+        try:
+            if not isinstance(rec, dict): raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
+            if isinstance(rec.get("prompt"), str): msgs = [{"role": "user", "content": rec["prompt"]}]
+            elif "messages" in rec or "prompt" in rec: msgs = _messages(rec.get("messages", rec.get("prompt")), {}, role_map)
+            else: raise RecordError("missing_field", "no prompt or messages field")
+            if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
+                msgs.insert(0, {"role": "system", "content": rec["system"]})
+            if msgs and msgs[-1]["role"] == "assistant": msgs = msgs[:-1]
+            if not msgs or msgs[-1]["role"] == "system": raise RecordError("missing_field", "nothing to answer (no user turn)")
+        except RecordError as e: raise PromptFileError(f"{p}:{n}: {e}") from None
+        out.append(msgs)
+    if not out: raise PromptFileError(f"{p}: no records")
+    return out
+
+def render_prompts(
+    convs,                  # conversations (read_prompt_file)
+    tokenizer,              # the target's tokenizer (its chat template)
+    enable_thinking: bool = True,
+    chat_template_kwargs: dict | None = None,  # extra template variables, as in training
+) -> list[torch.Tensor]:
+    "Token ids of each conversation rendered with the generation prompt, ready for the target to continue."
+    from dflash_nb.data import ChatRenderer
+    kw = dict(chat_template_kwargs or {})
+    if "chat_template_kwargs" in inspect.signature(ChatRenderer).parameters:
+        r = ChatRenderer(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=kw)
+    else:
+        r = ChatRenderer(tokenizer, enable_thinking=enable_thinking); r.kwargs.update(kw)
+    enc = tokenizer.backend_tokenizer
+    return [torch.tensor(enc.encode(r.render(m, add_generation_prompt=True), add_special_tokens=False).ids, dtype=torch.long)
+            for m in convs]
+
+# %% ../nbs/09_evaluate.ipynb #b090361d
+def prompt_set_tau(
+    drafter, model, prompts,        # drafter (or proposer), target CausalLM, list of prompt token tensors
+    temperatures=(0.0,),            # one τ per temperature
+    max_new_tokens: int = 256,
+    block_size: int | None = None,
+    layer_ids=None,
+    stop_token_ids=(),
+    top_p: float = 1.0, top_k: int = 0,
+    seed: int = 0,                  # prompt i at every temperature samples with seed + i
+    backend: str = "sdpa",
+) -> dict:
+    "{temperature: τ, per-position acceptance, histogram, tokens} of the real speculative loop over a prompt set."
+    out = {}
+    for T in temperatures:
+        B = int(block_size or getattr(getattr(drafter, "config", None), "block_size", 0) or drafter.block_size)
+        stats, secs = AcceptanceStats(B), 0.0
+        for i, p in enumerate(prompts):
+            r = speculative_generate(drafter, model, p, max_new_tokens, block_size=B, layer_ids=layer_ids,
+                                     stop_token_ids=stop_token_ids, backend=backend, temperature=float(T), top_p=top_p,
+                                     top_k=top_k, seed=seed + i)
+            stats.merge(r["stats"]); secs += r["seconds"]
+        s = stats.summary()
+        s.update(prompts=len(prompts), seconds=secs)
+        out[float(T)] = s
+    return out
+
+def format_tau_table(results: dict, temperatures, key: str = "tau", label: str = "τ", fmt: str = ".3f") -> str:
+    "One row per prompt set, one column per temperature: `key` of every cell (τ by default)."
+    names = list(results)
+    w = max([len("prompt set")] + [len(n) for n in names])
+    head = f"{'prompt set':<{w}}  prompts  " + "  ".join(f"{label + ' @ T=' + format(float(T), 'g'):>12}" for T in temperatures)
+    rows = [head, "-" * len(head)]
+    for n in names:
+        r = results[n]
+        cells = [r[float(T)].get(key) for T in temperatures]
+        rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
+                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) else f"{'-':>12}" for c in cells))
+    return "\n".join(rows)
 
 # %% ../nbs/09_evaluate.ipynb #2b370833
 def load_target_spec(
@@ -419,30 +688,115 @@ def load_drafter_dir(
     return dr.to(embed.weight.device).eval()
 
 # %% ../nbs/09_evaluate.ipynb #9d33bfe1
+def _tokenizer_for(spec: str, override=None):
+    "The target's tokenizer: --tokenizer, else the target directory, the bundled Qwen3 one for 'tiny', or a run config's."
+    from dflash_nb.data import load_tokenizer, qwen3_tokenizer_dir
+    if override: return load_tokenizer(override)
+    if spec == "tiny": return load_tokenizer(qwen3_tokenizer_dir())
+    if str(spec).endswith((".yaml", ".yml")):
+        from dflash_nb.config import load_config
+        from dflash_nb.trainer import TrainConfig, tokenizer_dir
+        return load_tokenizer(tokenizer_dir(load_config(TrainConfig, spec).target))
+    return load_tokenizer(spec)
+
+def _stop_ids(model, tokenizer=None) -> list[int]:
+    "End-of-sequence ids of the target's config (int or list) and the tokenizer's eos (the chat template's end of turn)."
+    e = getattr(model.config, "eos_token_id", None)
+    ids = set([e] if isinstance(e, int) else list(e or []))
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None: ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+def _json_dict(text: str, flag: str) -> dict:
+    try: d = json.loads(text)
+    except json.JSONDecodeError as e: raise PromptFileError(f"{flag}: not JSON ({e.msg})") from None
+    if not isinstance(d, dict): raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
+    return d
+
 def main(argv=None) -> dict:
-    "`python -m dflash_nb.evaluate --drafter DIR --target DIR --data DIR [--num-samples N] [--block-size B] ...`"
+    "`python -m dflash_nb.evaluate --drafter DIR --target DIR (--data DIR | --prompts FILE.jsonl ...) [--temperature 0 1] ...`"
     ap = argparse.ArgumentParser(prog="python -m dflash_nb.evaluate",
-                                 description="Acceptance length τ of a DFlash drafter on held-out tokenized samples, and optionally a real speculative decoding run against plain greedy decoding.")
+                                 description="Acceptance length τ of a DFlash drafter: walked on held-out tokenized samples (--data), or generated by the target with the drafter on benchmark prompt files (--prompts), at one or more temperatures.")
     ap.add_argument("--drafter", required=True, help="exported drafter dir (config.json + model.safetensors) or a trainer checkpoint/run dir")
     ap.add_argument("--target", required=True, help="target: local HF dir, 'tiny' (built-in tiny Qwen3), or a trainer run's config.yaml")
-    ap.add_argument("--data", required=True, help="held-out tokenized shards (output of python -m dflash_nb.data)")
-    ap.add_argument("--num-samples", type=int, default=64, help="samples to walk (default 64)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="held-out tokenized shards (output of python -m dflash_nb.data)")
+    src.add_argument("--prompts", nargs="+", metavar="FILE.jsonl", help="benchmark prompt files: JSONL records with 'prompt' or 'messages'; one τ table row per file")
+    ap.add_argument("--temperature", nargs="+", type=float, default=[0.0], metavar="T", help="sampling temperatures, one τ column each (0 = greedy; default 0)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass for T > 0 (default 1: off)")
+    ap.add_argument("--top-k", type=int, default=0, help="top-k sampling for T > 0 (default 0: off)")
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
+    ap.add_argument("--tokenizer", default=None, help="--prompts: tokenizer dir with the chat template (default: the target's)")
+    ap.add_argument("--chat-template-kwargs", default="{}", metavar="JSON", help="--prompts: extra chat template variables, as in training, e.g. '{\"enable_thinking\": false}'")
+    ap.add_argument("--num-samples", type=int, default=64, help="--data: samples to walk (default 64)")
     ap.add_argument("--block-size", type=int, default=None, help="draft block size (default: the drafter's)")
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="cap on generated tokens per sample")
-    ap.add_argument("--recompute-reference", action="store_true", help="regenerate each continuation greedily with the target (when the data was not generated by this target)")
-    ap.add_argument("--speculative", type=int, default=0, metavar="N", help="also run the real speculative loop vs plain greedy on the prompts of the first N samples")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="cap on generated tokens per sample / prompt (--prompts default 256)")
+    ap.add_argument("--recompute-reference", action="store_true", help="--data: regenerate each continuation greedily with the target (when the data was not generated by this target)")
+    ap.add_argument("--speculative", type=int, default=0, metavar="N", help="--data: also run the real speculative loop vs plain decoding on the prompts of the first N samples")
+    ap.add_argument("--speedup", action="store_true", help="measure target and drafter forward times here and print the expected decoding speed-up of every τ")
+    ap.add_argument("--measure-speedup", type=int, default=0, metavar="N", help="--prompts: also time the real speculative loop against plain decoding on the first N prompts of every file")
     ap.add_argument("--chunk", type=int, default=64, help="anchor blocks drafted per drafter forward in the walk")
     ap.add_argument("--backend", default="sdpa", help="drafter attention backend (sdpa, flex, triton)")
     ap.add_argument("--device", default=None); ap.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
     a = ap.parse_args(argv)
-    from dflash_nb.data import read_shards
+    try:
+        for T in a.temperature: check_sampling(T, a.top_p, a.top_k)
+        if a.prompts:
+            kwargs = _json_dict(a.chat_template_kwargs, "--chat-template-kwargs")
+            convs = {f: read_prompt_file(f) for f in a.prompts}
+    except (PromptFileError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr); raise SystemExit(2)
     model = load_target_spec(a.target, a.device, a.dtype)
     drafter = load_drafter_dir(a.drafter, model)
     B = a.block_size or drafter.config.block_size
+    if a.prompts: res = _main_prompts(a, model, drafter, B, convs, kwargs)
+    else: res = _main_data(a, model, drafter, B)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    return res
+
+def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
+    tok = _tokenizer_for(a.target, a.tokenizer)
+    stop, n_new = _stop_ids(model, tok), a.max_new_tokens or 256
+    sets, rendered = {}, {}
+    for f, c in convs.items():
+        name = Path(f).name if sum(Path(g).name == Path(f).name for g in convs) == 1 else str(f)
+        rendered[name] = render_prompts(c, tok, chat_template_kwargs=kwargs)
+        sets[name] = prompt_set_tau(drafter, model, rendered[name], a.temperature, n_new, B,
+                                    stop_token_ids=stop, top_p=a.top_p, top_k=a.top_k, seed=a.seed, backend=a.backend)
+    print(f"τ, block size {B}, at most {n_new} new tokens per prompt" + (f", top-p {a.top_p}" if a.top_p < 1 else "")
+          + (f", top-k {a.top_k}" if a.top_k else ""))
+    print(format_tau_table(sets, a.temperature))
+    out = dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in a.temperature], top_p=a.top_p,
+               top_k=a.top_k, seed=a.seed, chat_template_kwargs=kwargs)
+    if a.speedup:
+        costs = forward_costs(drafter, model, next(iter(rendered.values()))[0], B, backend=a.backend)
+        for s in sets.values():
+            for r in s.values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        out["forward_costs"] = costs
+        print(_costs_line(costs)); print(format_tau_table(sets, a.temperature, "expected_speedup", "speed-up", ".2f"))
+    if a.measure_speedup:
+        for name, s in sets.items():
+            for T, r in s.items():
+                r["measured"] = compare_decoding(drafter, model, rendered[name][: a.measure_speedup], n_new, B, stop_token_ids=stop,
+                                                 backend=a.backend, temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+                r["measured_speedup"] = r["measured"]["speedup"]
+        print(f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file")
+        print(format_tau_table(sets, a.temperature, "measured_speedup", "speed-up", ".2f"))
+    out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
+    return out
+
+def _costs_line(c: dict) -> str:
+    return (f"forward costs on {c['device']} ({c['prompt_tokens']}-token context): target {1e3 * c['target_1']:.2f} ms per token, "
+            f"{1e3 * c['target_block']:.2f} ms per {c['block_size']}-token block; drafter {1e3 * c['drafter']:.2f} ms per block "
+            f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)")
+
+def _main_data(a, model, drafter, B) -> dict:
+    from dflash_nb.data import read_shards
     ds = read_shards(a.data)
     samples = [ds[i] for i in range(min(len(ds), a.num_samples))]
-    stop = [int(model.config.eos_token_id)] if a.recompute_reference and isinstance(getattr(model.config, "eos_token_id", None), int) else []
+    stop = _stop_ids(model) if a.recompute_reference else []
     t0 = time.perf_counter()
     res = acceptance_length(drafter, model, samples, block_size=B, recompute_reference=a.recompute_reference,
                             max_new_tokens=a.max_new_tokens, backend=a.backend, chunk=a.chunk, stop_token_ids=stop)
@@ -450,19 +804,34 @@ def main(argv=None) -> dict:
     print(f"τ = {res['tau']:.3f} over {res['samples']} samples, {res['cycles']} cycles, block size {B} ({res['walk_seconds']:.1f}s)")
     print("per-position acceptance: " + " ".join(f"{x:.2f}" for x in res["per_position"]))
     print("histogram of accepted+1: " + " ".join(f"{k + 1}:{c}" for k, c in enumerate(res["histogram"])))
+    prompts, budgets = [], []
+    for s in samples:
+        st, en = generated_span(s["loss_mask"])
+        if st < 1 or en - st < 2: continue
+        prompts.append(torch.tensor(s["input_ids"][:st])); budgets.append(min(en - st, a.max_new_tokens or en - st))
+    sampled = [T for T in a.temperature if T > 0]
+    if sampled:  # the walk is greedy; under sampling the real loop runs on the samples' prompts
+        res["sampled"] = {}
+        for T in sampled:
+            st = AcceptanceStats(B)
+            for i, (p, n) in enumerate(zip(prompts, budgets)):
+                st.merge(speculative_generate(drafter, model, p, n, B, stop_token_ids=_stop_ids(model), backend=a.backend,
+                                              temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed + i)["stats"])
+            res["sampled"][format(T, "g")] = st.summary()
+            print(f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = {st.summary()['tau']:.3f}")
+    if a.speedup and prompts:
+        costs = forward_costs(drafter, model, prompts[0], B, backend=a.backend)
+        res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
+        for r in res.get("sampled", {}).values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        print(_costs_line(costs))
+        print(f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0" + "".join(
+            f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items()))
     if a.speculative:
-        prompts, budgets = [], []
-        for s in samples[: a.speculative]:
-            st, en = generated_span(s["loss_mask"])
-            if st < 1 or en - st < 2: continue
-            prompts.append(torch.tensor(s["input_ids"][:st])); budgets.append(min(en - st, a.max_new_tokens or en - st))
-        cmp = compare_decoding(drafter, model, prompts, budgets, block_size=B, stop_token_ids=stop, backend=a.backend)
+        cmp = compare_decoding(drafter, model, prompts[: a.speculative], budgets[: a.speculative], block_size=B,
+                               stop_token_ids=stop, backend=a.backend)
         res["speculative"] = cmp
         print(f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} prompts, "
               f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup {cmp['speedup']:.2f}x)")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
     return res
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: main()

@@ -74,6 +74,7 @@ class TrainConfig:
     queue_depth: int = opt(2, "batches of features buffered between target and drafter")
     amp: str = opt("auto", "autocast: auto (bfloat16 on GPU, off on CPU), bfloat16, off; master weights stay fp32")
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)")
+    report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)")
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), s3://bucket/prefix, or 'auto' (this run_dir if it has one)")
     init_from: Optional[str] = opt(None, "warm start: a DFlash drafter directory in the serving format (a published drafter, SpecForge's, a dflash_nb export); its weights initialise the drafter and its config.json is the drafter config unless `drafter` overrides are given (then they must agree)")
@@ -665,11 +666,13 @@ class _Log:
         self.on, self.total, self.t0 = rank == 0, total, time.perf_counter()
         self.tty = self.on and sys.stderr.isatty()
         self.f = open(run_dir / "metrics.jsonl", "a") if self.on else None
+        self.tracker = None  # dflash_nb.tracking.Trackers on rank 0 when train.report_to names any
 
     def record(self, rec: dict, echo: bool = True):
         if not self.on: return
         rec = {"time": round(time.time(), 3), **rec}
         self.f.write(json.dumps(rec) + "\n"); self.f.flush()
+        if self.tracker is not None: self.tracker.log(rec)
         if echo: self.print(_fmt(rec))
 
     def print(self, msg: str):
@@ -689,6 +692,7 @@ class _Log:
     def close(self):
         if self.tty: sys.stderr.write("\n")
         if self.f: self.f.close()
+        if self.tracker is not None: self.tracker.close()
 
 def _fmt(rec: dict) -> str:
     if "event" in rec: return "  [" + rec["event"] + "] " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))
@@ -714,6 +718,9 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     ckpt_root = run_dir / "checkpoints"
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = _Log(run_dir, rank, cfg.steps)
+    from dflash_nb.tracking import Trackers, require_trackers
+    require_trackers(cfg.report_to)  # every rank: an unknown tracker or a missing package stops all ranks here
+    if rank == 0 and cfg.report_to: log.tracker = Trackers(cfg.report_to, run_dir, config=to_dict(cfg))
     # ---- data: refuse another template, build the row stream ----------------------------------------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
     tokenizer = load_tokenizer(tokenizer_dir(cfg.target))

@@ -190,9 +190,224 @@ def test_cli(world, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny",
                         "--data", str(tmp_path / "data"), "--num-samples", "2", "--recompute-reference", "--max-new-tokens", "8",
-                        "--speculative", "2", "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+                        "--speculative", "2", "--temperature", "0", "1", "--speedup", "--json", str(tmp_path / "res.json")],
+                       capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "τ = " in r.stdout and "identical to greedy on 2/2" in r.stdout
     res = json.loads((tmp_path / "res.json").read_text())
     assert res["samples"] == 2 and res["block_size"] == 4 and res["tau"] == res["speculative"]["tau"]
     assert len(res["per_position"]) == 3 and sum(res["histogram"]) == res["cycles"]
+    # temperature 1: speculative sampling on the samples' prompts; --speedup: forward costs and the expected speed-ups
+    assert "τ at temperature 1 (speculative sampling on the 2 prompts)" in r.stdout and "expected speed-up" in r.stdout
+    s1, c = res["sampled"]["1"], res["forward_costs"]
+    assert 1.0 <= s1["tau"] <= 4 and sum(s1["histogram"]) == s1["cycles"]
+    for tau, sp in ((res["tau"], res["expected_speedup"]), (s1["tau"], s1["expected_speedup"])):
+        assert sp == pytest.approx(tau * c["target_1"] / (c["drafter"] + c["target_block"]))
+
+
+# ---------------------------------------------------------------- speculative sampling is lossless (statistical test)
+import itertools, math
+from dflash_nb.evaluate import sample_generate, sampling_probs, rejection_verify
+
+SV, SN, SB, SM = 4, 4, 4, 1000   # vocab, generated tokens (2 drafts verified in the first cycle), block size, runs
+
+
+@pytest.fixture(scope="module")
+def small_world():
+    "A 4-token-vocabulary target (peaked, so the drafter's q differs from p) and an untrained drafter on it."
+    torch.set_num_threads(1)
+    target = tiny_target(vocab_size=SV, num_layers=2, hidden_size=32, pad_token_id=0, eos_token_id=1, lm_head_std=1.0)
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=SB, target_layer_ids=[0, 1],
+                                    mask_token_id=SV - 1)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()).eval()
+    return dict(target=target, drafter=drafter, prompt=torch.tensor([2, 0, 3, 1, 2]))
+
+
+def _exact_joint(model, prompt, n, **sampling):
+    "The target's exact distribution of its next `n` tokens (V^n cells), from one batched forward over every prefix."
+    conts = torch.tensor(list(itertools.product(range(SV), repeat=n - 1)))
+    ids = torch.cat([prompt.expand(len(conts), -1), conts], 1)
+    with torch.no_grad():
+        pr = sampling_probs(model(input_ids=ids).logits[:, len(prompt) - 1:], **sampling)  # (V^(n-1), n, V)
+    joint = torch.zeros([SV] * n)
+    for r, c in enumerate(conts.tolist()):
+        for last in range(SV):
+            toks = c + [last]
+            joint[tuple(toks)] = math.prod(float(pr[r, i, t]) for i, t in enumerate(toks))
+    return joint.flatten()
+
+
+def _chi2_pvalue(counts, probs):
+    "Pearson χ² goodness of fit; cells expected below 5 are pooled into one. Returns (χ², df, p-value)."
+    exp_all = probs * counts.sum()
+    big = exp_all >= 5
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([exp_all[big], exp_all[~big].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    x2, df = float(((obs - exp) ** 2 / exp).sum()), int(keep.sum()) - 1
+    return x2, df, float(torch.special.gammaincc(torch.tensor(df / 2.0), torch.tensor(x2 / 2.0)))
+
+
+def _spec_counts(w, runs=SM, seed=1, verify=None, **sampling):
+    g, counts, lengths = torch.Generator().manual_seed(seed), torch.zeros(SV ** SN), []
+    for _ in range(runs):
+        o = speculative_generate(w["drafter"], w["target"], w["prompt"], SN, SB, generator=g, verify=verify, **sampling)
+        counts[sum(int(t) * SV ** (SN - 1 - i) for i, t in enumerate(o["tokens"]))] += 1
+        lengths += o["accept_lengths"]
+    return counts, lengths
+
+
+# Deliberately wrong acceptance rules (fault injection): each must fail the same test the real rule passes.
+def _always_accept(drafts, p, q, g):
+    n = drafts.numel()
+    return n, int(torch.multinomial(p[n], 1, generator=g))
+
+def _accept_with_p(drafts, p, q, g):        # accepts with p(d) instead of min(1, p(d)/q(d))
+    n, d = drafts.numel(), drafts.view(-1, 1)
+    acc = int((torch.rand(n, generator=g) < p[:n].gather(-1, d)[:, 0]).long().cumprod(0).sum())
+    row = p[n] if acc == n else (p[acc] - q[acc]).clamp_min(0)
+    return acc, int(torch.multinomial(row if row.sum() > 0 else p[acc], 1, generator=g))
+
+def _resample_from_p(drafts, p, q, g):      # the right acceptance test, but redraws from p instead of the residual
+    n, d = drafts.numel(), drafts.view(-1, 1)
+    u = torch.rand(n, generator=g)
+    acc = int((u * q[:n].gather(-1, d)[:, 0] < p[:n].gather(-1, d)[:, 0]).long().cumprod(0).sum())
+    return acc, int(torch.multinomial(p[acc], 1, generator=g))
+
+ALPHA = 1e-3
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=2.0, top_p=0.9, top_k=3)])
+def test_speculative_sampling_is_lossless(small_world, sampling):
+    "Joint distribution of the first 4 generated tokens (256 cells): speculative sampling vs the target's exact one."
+    exact = _exact_joint(small_world["target"], small_world["prompt"], SN, **sampling)
+    counts, lengths = _spec_counts(small_world, **sampling)
+    x2, df, pv = _chi2_pvalue(counts, exact)
+    print(sampling, x2, df, pv, sum(lengths) / len(lengths))
+    assert df >= 8 and pv > ALPHA, (x2, df, pv)
+    assert 1 < sum(lengths) / len(lengths) < SB and max(lengths) > 1   # drafts were accepted and rejected
+    if sampling.get("top_k"): return
+    # the same test on plain sampling (calibration: the exact joint is what the target samples)
+    g, plain = torch.Generator().manual_seed(2), torch.zeros(SV ** SN)
+    for _ in range(SM):
+        toks = sample_generate(small_world["target"], small_world["prompt"], SN, generator=g, **sampling)["tokens"]
+        plain[sum(int(t) * SV ** (SN - 1 - i) for i, t in enumerate(toks))] += 1
+    assert _chi2_pvalue(plain, exact)[2] > ALPHA
+
+
+@pytest.mark.parametrize("broken", [_always_accept, _accept_with_p, _resample_from_p])
+def test_broken_acceptance_rule_fails(small_world, broken):
+    "Control: the same test, same runs and seed, rejects each wrong rule (the test has the power to catch them)."
+    exact = _exact_joint(small_world["target"], small_world["prompt"], SN, temperature=1.0)
+    counts, _ = _spec_counts(small_world, verify=broken, temperature=1.0)
+    x2, df, pv = _chi2_pvalue(counts, exact)
+    print(broken.__name__, x2, df, pv)
+    assert pv < ALPHA, (broken.__name__, x2, df, pv)
+
+
+def test_rejection_verify_edges():
+    "Zero target mass on a draft: always rejected; p == q: always accepted; all accepted: bonus from the last row."
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[0.0, 1.0, 0.0], [0.2, 0.3, 0.5]])
+    for _ in range(50):
+        assert rejection_verify(torch.tensor([0]), p, torch.tensor([[1.0, 0.0, 0.0]]), g) == (0, 1)
+    q = torch.tensor([[0.3, 0.3, 0.4]])
+    pp = torch.cat([q, torch.tensor([[0.0, 0.0, 1.0]])])
+    for _ in range(50):
+        assert rejection_verify(torch.multinomial(q[0], 1, generator=g), pp, q, g)[0] == 1
+        assert rejection_verify(torch.zeros(0, dtype=torch.long), pp[1:], q[:0], g) == (0, 2)
+
+
+def test_sampling_temperature_zero_is_greedy(world):
+    "temperature=0 through the sampling arguments is the greedy loop: same tokens as plain greedy decoding."
+    p, g = world["prompts"][0], world["greedy"][0]
+    out = speculative_generate(world["trained"], world["target"], p, N_NEW, B, temperature=0.0, seed=3)
+    assert torch.equal(out["tokens"], g)
+    assert torch.equal(sample_generate(world["target"], p, N_NEW, temperature=0.0)["tokens"], g)
+    with pytest.raises(ValueError, match="top_p"):
+        speculative_generate(world["trained"], world["target"], p, N_NEW, B, temperature=1.0, top_p=0.0)
+
+
+# ---------------------------------------------------------------- benchmark prompt sets
+from dflash_nb.evaluate import read_prompt_file, render_prompts, prompt_set_tau, PromptFileError
+
+PROMPTS = REPO / "tests" / "data" / "prompts"
+
+
+def test_prompt_files_render_like_the_chat_template():
+    "Bundled files: prompt / system / messages records, a trailing reference answer dropped, ids = apply_chat_template."
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    for f in ("math.jsonl", "chat.jsonl"):
+        convs = read_prompt_file(PROMPTS / f)
+        assert all(c[-1]["role"] == "user" for c in convs)
+        for c, ids in zip(convs, render_prompts(convs, tok)):
+            ref = tok.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=False)
+            assert ids.tolist() == list(ref)
+    convs = read_prompt_file(PROMPTS / "math.jsonl")
+    assert convs[1][0] == {"role": "system", "content": "You are a careful math tutor."} and len(convs[2]) == 1
+    # template kwargs pass through: thinking off renders the empty think block the Qwen3 template adds
+    on, off = render_prompts(convs[:1], tok)[0], render_prompts(convs[:1], tok, chat_template_kwargs={"enable_thinking": False})[0]
+    assert "<think>" not in tok.decode(on) and tok.decode(off).endswith("<think>\n\n</think>\n\n")
+
+
+@pytest.mark.parametrize("text,msg", [("{\"prompt\": \"a\"}\nnot json\n", "x.jsonl:2: not JSON"),
+                                      ("{\"question\": \"a\"}\n", "x.jsonl:1: no prompt or messages field"),
+                                      ("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}\n", "x.jsonl:1: nothing to answer"),
+                                      ("\n\n", "x.jsonl: no records")])
+def test_prompt_file_errors(tmp_path, text, msg):
+    (tmp_path / "x.jsonl").write_text(text)
+    with pytest.raises(PromptFileError, match=msg): read_prompt_file(tmp_path / "x.jsonl")
+
+
+def test_prompt_set_tau_matches_the_loop(world):
+    "τ of a prompt set is the loop's: forced perfect drafts at T=0 give τ = B; at T=1 the same drafts are accepted less."
+    forced = ForcedProposer(world["refs"], B, "perfect")
+    res = prompt_set_tau(forced, world["target"], world["prompts"][:4], (0.0,), N_NEW, B, world["cfg"].target_layer_ids)
+    assert res[0.0]["tau"] == B and res[0.0]["prompts"] == 4 and res[0.0]["tokens"] == 4 * (N_NEW - 1)
+    res = prompt_set_tau(world["trained"], world["target"], world["prompts"][:4], (0.0, 1.0), N_NEW, B)
+    greedy_lengths = sum((speculative_generate(world["trained"], world["target"], p, N_NEW, B)["accept_lengths"]
+                          for p in world["prompts"][:4]), [])
+    assert res[0.0]["tau"] == sum(greedy_lengths) / len(greedy_lengths)
+    again = prompt_set_tau(world["trained"], world["target"], world["prompts"][:4], (1.0,), N_NEW, B)
+    assert again[1.0]["tau"] == res[1.0]["tau"] and 1.0 <= res[1.0]["tau"] <= B   # seeded: reproducible
+
+
+def test_cli_prompts(tmp_path):
+    "`python -m dflash_nb.evaluate --prompts A B --temperature 0 1 --json`: one row per file, one column per temperature."
+    from dflash_nb.export import export_drafter
+    cfg = DrafterConfig.from_target(tiny_target().config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3],
+                                    mask_token_id=151669)
+    t = tiny_target()
+    export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg, tmp_path / "drafter")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = [sys.executable, "-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "drafter"), "--target", "tiny"]
+    r = subprocess.run(base + ["--prompts", str(PROMPTS / "math.jsonl"), str(PROMPTS / "chat.jsonl"), "--temperature", "0", "1",
+                               "--max-new-tokens", "6", "--chat-template-kwargs", '{"enable_thinking": false}',
+                               "--speedup", "--measure-speedup", "1", "--json", str(tmp_path / "res.json")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(l for l in lines if l.startswith("prompt set"))
+    assert "τ @ T=0" in head and "τ @ T=1" in head
+    rows = {}
+    for l in lines:   # the τ table comes first (the speed-up tables repeat the row names)
+        if l.startswith(("math.jsonl", "chat.jsonl")): rows.setdefault(l.split()[0], l.split()[1:])
+    assert rows["math.jsonl"][0] == "3" and rows["chat.jsonl"][0] == "2" and all(len(v) == 3 for v in rows.values())
+    res = json.loads((tmp_path / "res.json").read_text())
+    assert res["temperatures"] == [0.0, 1.0] and res["chat_template_kwargs"] == {"enable_thinking": False}
+    for name, row in rows.items():
+        for T, shown in zip(("0", "1"), row[1:]):
+            cell = res["prompt_sets"][name][T]
+            assert f"{cell['tau']:.3f}" == shown and sum(cell["histogram"]) == cell["cycles"] and len(cell["per_position"]) == 3
+            # expected speed-up = τ · t_1 / (t_drafter + t_block) from the costs measured in the run; the real one timed
+            c = res["forward_costs"]
+            assert cell["expected_speedup"] == pytest.approx(cell["tau"] * c["target_1"] / (c["drafter"] + c["target_block"]))
+            assert cell["measured"]["prompts"] == 1 and cell["measured_speedup"] > 0
+    assert "expected speed-up" in r.stdout and "measured: speculative loop vs plain decoding" in r.stdout
+    assert res["forward_costs"]["block_size"] == 4 and min(res["forward_costs"][k] for k in ("target_1", "target_block", "drafter")) > 0
+    # a bad record: one line naming the file and line, exit status 2, before any model is loaded
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
+    r = subprocess.run(base + ["--prompts", str(bad)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}:2: no prompt or messages field", r.stderr
