@@ -664,10 +664,10 @@ class S3Uploader:
                 for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
             with self.lock: self.remote = [n for n in self.remote if n != old]
 
-    def _attempt(self, d: Path) -> bool:
-        "Upload `d` with retries; True once it is in S3."
-        delay = self.backoff
-        for attempt in range(1, self.retries + 1):
+    def _attempt(self, d: Path, tries: Optional[int] = None) -> bool:
+        "Upload `d` with up to `tries` attempts (default: `retries`); True once it is in S3."
+        delay, tries = self.backoff, tries or self.retries
+        for attempt in range(1, tries + 1):
             try:
                 self._upload(d)
                 with self.lock:
@@ -677,8 +677,8 @@ class S3Uploader:
                 return True
             except Exception as e:
                 permanent = s3_permanent(e)
-                last = permanent or attempt == self.retries
-                self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": self.retries,
+                last = permanent or attempt == tries
+                self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": tries,
                              "error": f"{type(e).__name__}: {e}"[:300], "permanent": permanent,
                              "retry_in_s": None if last else delay, "local_copy": str(d)})
                 if permanent: self.fatal = f"{self.uri(d.name)}: {type(e).__name__}: {e}"[:400]
@@ -690,9 +690,9 @@ class S3Uploader:
         return False
 
     def _retry_failed(self):
+        "One more attempt for each earlier failure, oldest first; the first that fails again ends the round (the server is still away)."
         for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
-            if self.fatal: return
-            if (self.dirs_root / name).is_dir(): self._attempt(self.dirs_root / name)
+            if self.fatal or not (self.dirs_root / name).is_dir() or not self._attempt(self.dirs_root / name, tries=1): return
 
     def _run(self):
         self.dirs_root = None
