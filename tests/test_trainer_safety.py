@@ -260,6 +260,27 @@ def test_permanent_errors_fail_fast(tmp_path, data_dir, s3_server, monkeypatch):
     for run in ("a", "b"): assert '"loss"' not in (tmp_path / run / "metrics.jsonl").read_text()
 
 
+def test_permanent_error_mid_run_stops_at_next_checkpoint(tmp_path, data_dir, s3_server, monkeypatch):
+    "Credentials revoked mid-run (AccessDenied injected on the 2nd upload): not retried, the run stops at its next checkpoint, local copies kept."
+    from botocore.exceptions import ClientError
+    real, calls = S3Uploader._upload, []
+    def revoked(self, d):
+        calls.append(d.name)
+        if len(calls) >= 2: raise ClientError({"Error": {"Code": "AccessDenied", "Message": "revoked (injected)"}}, "PutObject")
+        return real(self, d)
+    monkeypatch.setattr(S3Uploader, "_upload", revoked)
+    bucket = s3_server.make_bucket("revoked")
+    with s3_server.env(), pytest.raises(CheckpointError, match="S3 refuses the checkpoints .*AccessDenied.*train.resume=auto"):
+        train(train_cfg(tmp_path / "r", data_dir, steps=8, checkpoint={"every": 1, "keep": 1, "s3_uri": f"s3://{bucket}/p",
+                                                                        "s3_retries": 5, "s3_backoff": 0.05}))
+    recs = [json.loads(l) for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    failed = [r for r in recs if r.get("event") == "s3_upload_failed"]
+    assert [(r["checkpoint"], r["attempt"], r["permanent"]) for r in failed] == [("step-00000002", 1, True)]   # not retried
+    assert max(r["step"] for r in recs if "loss" in r) < 8                         # stopped early
+    local = sorted(p.name for p in (tmp_path / "r" / "checkpoints").glob("step-*"))
+    assert "step-00000002" in local and len(local) >= 2                            # not in S3, so not pruned (keep=1)
+
+
 def test_keep1_slow_upload_every_checkpoint_reaches_s3(tmp_path, data_dir, s3_server, monkeypatch):
     "keep=1 with uploads slower than training: local pruning waits for each upload, so all 6 reach S3; both sides end with 1."
     real = S3Uploader._upload
