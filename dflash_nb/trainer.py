@@ -744,7 +744,11 @@ def download_checkpoint(uri: str, dest, endpoint_url=None) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"s3://{bucket}/{key}/ is not a complete checkpoint (no state.json or drafter.safetensors): "
                               "its upload did not finish; resume from another step")
-    if out.exists(): shutil.rmtree(out)   # an earlier download of the same step (ours: dest/step-<digits>)
+    if out.exists():   # an earlier download of the same step: replaced only if it looks like one (plain files, a state.json)
+        if out.is_symlink() or not out.is_dir() or not (out / "state.json").is_file() or any(not f.is_file() or f.is_symlink() for f in out.iterdir()):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"{out} exists and is not an earlier download of {name}: refusing to replace it; move it away")
+        shutil.rmtree(out)
     os.rename(tmp, out)
     return out
 

@@ -121,6 +121,10 @@ def test_crafted_remote_latest_and_keys_refused(tmp_path, ckpt, s3_server, monke
         assert (victim / "keep.txt").read_text() == "x"
         c.put_object(Bucket=bucket, Key="p/latest", Body=b"step-00000002\n")
         assert download_checkpoint(f"s3://{bucket}/p", dest) == dest / "step-00000002"   # the honest case works
+        (dest / "step-00000002" / "mine").mkdir(); (dest / "step-00000002" / "mine" / "x").write_text("x")
+        with pytest.raises(CheckpointError, match="not an earlier download"): download_checkpoint(f"s3://{bucket}/p", dest)
+        assert (dest / "step-00000002" / "mine" / "x").read_text() == "x"               # not ours to delete
+        shutil.rmtree(dest / "step-00000002" / "mine")
         c.put_object(Bucket=bucket, Key="p/step-00000002/sub/state.json", Body=b"{}")
         with pytest.raises(CheckpointError, match="not a plain file name"): download_checkpoint(f"s3://{bucket}/p", dest)
         c.delete_object(Bucket=bucket, Key="p/step-00000002/sub/state.json")
