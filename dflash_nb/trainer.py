@@ -451,6 +451,7 @@ def save_checkpoint(ckpt_root, step: int, weights: dict, optimizer, scheduler, s
 def resolve_checkpoint(path) -> Path:
     "A local checkpoint dir from: a checkpoint dir, a checkpoints dir or run dir (via `latest`, which must name `step-<digits>`)."
     p = Path(path)
+    if p.name == "latest" and p.is_file(): p = p.parent   # `checkpoints/latest` itself
     for cand in (p, p / "checkpoints"):
         if (cand / "state.json").exists(): return cand
         name = read_latest(cand)
