@@ -11,8 +11,8 @@ from torch import nn
 
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'write_modeling_code', 'serving_state_dict',
-           'export_drafter', 'read_exported_config', 'load_exported_drafter', 'checkpoint_drafter_config',
-           'export_checkpoint', 'main']
+           'check_export_dir', 'export_drafter', 'read_exported_config', 'load_exported_drafter',
+           'checkpoint_drafter_config', 'export_checkpoint', 'main']
 
 # %% ../nbs/10_export.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"
@@ -109,6 +109,40 @@ def serving_state_dict(
 def _fsync(path: Path):
     with open(path, "rb") as f: os.fsync(f.fileno())
 
+_EXPORT_MARK = ".dflash_nb_export.json"   # the files an export wrote: what a later --overwrite may replace
+
+def _export_files(out: Path):
+    "The files a previous drafter export in `out` wrote, or None when `out` is not one."
+    try: d = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError): return None
+    if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []) or "dflash_nb_drafter_config" not in d \
+            or not (out / "model.safetensors").is_file():
+        return None
+    owned = {"config.json", "model.safetensors", _EXPORT_MARK}
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError): owned |= set(json.loads((out / _EXPORT_MARK).read_text())["files"])
+    return owned
+
+def check_export_dir(
+    out,                    # the directory an export is about to replace
+    overwrite: bool = False,  # may a previous drafter export there be replaced?
+):
+    "Raise FileExistsError naming `out` unless it is new, empty, or (with `overwrite`) a previous export holding only its own files."
+    out = Path(out)
+    if not out.exists(): return
+    if not out.is_dir() or out.is_symlink(): raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
+    names = set(os.listdir(out))
+    if not names: return
+    owned = _export_files(out)
+    if owned is None:
+        raise FileExistsError(f"{out} is not empty and is not a drafter export (no {SERVING_ARCH} config.json + model.safetensors): "
+                              f"refusing to replace it; pick a new or empty --out directory")
+    foreign = sorted(names - owned)
+    if foreign:
+        raise FileExistsError(f"{out} is a drafter export but also holds files it did not write ({', '.join(foreign[:5])}): "
+                              f"refusing to replace it; move them away or pick another --out directory")
+    if not overwrite:
+        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, or pick another --out directory")
+
 def export_drafter(
     drafter_or_state,       # a DFlashDrafter or its trainable_state_dict
     drafter_config=None,    # the DrafterConfig it was trained with (None: the drafter's own `.config`)
@@ -116,6 +150,7 @@ def export_drafter(
     dtype: torch.dtype | str | None = None,  # e.g. torch.bfloat16 / "bfloat16"; None keeps the training dtype
     metadata: dict | None = None,  # extra string metadata for the safetensors header (e.g. step, run)
     with_modeling_code: bool = False,  # also write modeling_dflash.py + auto_map (AutoModel with trust_remote_code)
+    overwrite: bool = True,  # replace a previous export in out_dir (a non-empty dir that is not one is always refused)
 ) -> Path:
     "Write `config.json` + `model.safetensors` (no embedding, no lm_head) atomically: a temp dir renamed into place."
     from safetensors.torch import save_file
@@ -128,7 +163,7 @@ def export_drafter(
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     cfg = drafter_config.validate()
     sd = serving_state_dict(drafter_or_state, dtype)
-    out = Path(out_dir); out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir); check_export_dir(out, overwrite); out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     dt = str(next(iter(sd.values())).dtype).removeprefix("torch.")
@@ -137,11 +172,12 @@ def export_drafter(
     (tmp / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
     meta = {"format": "pt", "producer": "dflash_nb", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
+    (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
     for f in tmp.iterdir(): _fsync(f)
     old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists(): os.rename(out, old)  # the old export stays complete until the new one is in place
+    if out.exists(): check_export_dir(out, True); os.rename(out, old)  # the old export stays complete until the new one is in place
     os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)   # a previous export: only files it wrote (checked above)
     with contextlib.suppress(OSError):
         fd = os.open(out.parent, os.O_RDONLY); os.fsync(fd); os.close(fd)
     return out
@@ -226,15 +262,17 @@ def export_checkpoint(
     out_dir,               # the serving directory to write
     dtype=None,            # e.g. "bfloat16"; None keeps the checkpoint's dtype
     with_modeling_code: bool = False,  # also ship modeling_dflash.py + auto_map
+    overwrite: bool = True,  # replace a previous export in out_dir
 ) -> Path:
     "Export a trainer checkpoint to the serving format."
     from dflash_nb.trainer import resolve_checkpoint
+    check_export_dir(out_dir, overwrite)   # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     cfg = checkpoint_drafter_config(d)
     sd = {k.removeprefix("module."): v for k, v in _checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)
     step = json.loads((d / "state.json").read_text()).get("step") if (d / "state.json").exists() else None
-    return export_drafter(sd, cfg, out_dir, dtype=dtype, metadata={"checkpoint": d.name, "step": step},
+    return export_drafter(sd, cfg, out_dir, dtype=dtype, metadata={"checkpoint": d.name, "step": step}, overwrite=overwrite,
                           with_modeling_code=with_modeling_code)
 
 # %% ../nbs/10_export.ipynb #ed7ff82b
@@ -242,13 +280,16 @@ def main(argv=None):
     "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
     ap = argparse.ArgumentParser(prog="python -m dflash_nb.export", description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).")
     ap.add_argument("--checkpoint", required=True, help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)")
-    ap.add_argument("--out", required=True, help="serving directory to write (replaced atomically)")
+    ap.add_argument("--out", required=True, help="serving directory to write: new or empty, or a previous export with --overwrite")
+    ap.add_argument("--overwrite", action="store_true", help="replace a previous drafter export in --out (other directories are never touched)")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weight dtype (default: as trained)")
     ap.add_argument("--with-modeling-code", action="store_true",
                     help="also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
                          "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)")
     a = ap.parse_args(argv)
-    out = export_checkpoint(a.checkpoint, a.out, dtype=a.dtype, with_modeling_code=a.with_modeling_code)
+    try: out = export_checkpoint(a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite,
+                               with_modeling_code=a.with_modeling_code)
+    except (FileExistsError, FileNotFoundError, ValueError) as e: print(f"error: {e}", file=sys.stderr); raise SystemExit(2)
     cfg = json.loads((out / "config.json").read_text())
     print(f"exported {a.checkpoint} -> {out} ({cfg['num_hidden_layers']} layers, block_size {cfg['block_size']}, "
           f"target layers {cfg['dflash_config']['target_layer_ids']}, mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})")

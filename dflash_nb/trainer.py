@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, hashlib, json, math, os, queue, random, resource, shutil, signal, sys, tempfile, threading, time
+import contextlib, hashlib, json, math, os, queue, random, re, resource, shutil, signal, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -16,10 +16,12 @@ from .config import opt, to_dict, from_dict, save_config, ConfigError
 # %% auto #0
 __all__ = ['TargetConfig', 'OptimConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig', 'stable_seed', 'RowStream',
            'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch', 'Stopwatch',
-           'FeatureProducer', 'rng_state', 'set_rng_state', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint',
-           'split_s3', 's3_client', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir',
-           'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_template',
-           'load_samples', 'NonFiniteError', 'pick_backend', 'train', 'drafter_lm_head_weight']
+           'FeatureProducer', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside', 'read_latest', 'rng_state',
+           'set_rng_state', 'save_rngs', 'load_rngs', 'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint',
+           'load_checkpoint', 'RunLock', 'split_s3', 's3_client', 's3_permanent', 'S3Uploader', 'download_checkpoint',
+           'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter',
+           'warm_start_config', 'load_warm_start', 'check_template', 'load_samples', 'NonFiniteError', 'pick_backend',
+           'train', 'drafter_lm_head_weight']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 @dataclass
@@ -310,6 +312,35 @@ class FeatureProducer:
                 self.thread.join(timeout=0.05)
 
 # %% ../nbs/08_trainer.ipynb #c74d6ce9
+class CheckpointError(ValueError):
+    "A checkpoint, run dir or S3 prefix that cannot be used as asked; the message names it and says what to do (CLIs exit 2)."
+
+_STEP_NAME = re.compile(r"step-\d{1,12}")
+
+def checkpoint_name(name, where: str = "checkpoint name") -> str:
+    "`name` if it is a checkpoint directory name (`step-<digits>`, nothing else: no separator, no `..`), else CheckpointError."
+    if not isinstance(name, str) or not _STEP_NAME.fullmatch(name):
+        raise CheckpointError(f"{where}: {str(name)[:80]!r} is not a checkpoint name (step-<digits>); refusing to use it as a path")
+    return name
+
+def step_of(name: str) -> int: return int(checkpoint_name(name)[5:])
+
+def inside(base, name: str, where: str = "") -> Path:
+    "`base/name`, proven to stay in `base`: one plain component (no separator, not `.`/`..`), and not a link leading out."
+    base = Path(base)
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise CheckpointError(f"{where or base}: {name[:80]!r} is not a plain file name; refusing to write or delete it")
+    p = base / name
+    if p.resolve().parent != base.resolve():
+        raise CheckpointError(f"{where or base}: {p} leads outside {base}; refusing to write or delete it")
+    return p
+
+def read_latest(root) -> Optional[str]:
+    "The checkpoint name in `root/latest` (validated), or None when there is no `latest`."
+    f = Path(root) / "latest"
+    if not f.exists(): return None
+    return checkpoint_name(f.read_text(errors="replace").strip(), str(f))
+
 def _fsync_dir(path: Path):
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
@@ -337,52 +368,201 @@ def set_rng_state(st: dict, device: torch.device):
             import numpy as np
             s = st["numpy"]; np.random.set_state((s[0], np.array(s[1], dtype=np.uint32), *s[2:]))
 
+def save_rngs(rngs: list, path):
+    "Every rank's RNG state as data only: tensors in safetensors, the scalars as JSON in its metadata (nothing to unpickle)."
+    from safetensors.torch import save_file
+    t, meta = {}, []
+    for r, st in enumerate(rngs):
+        if st is None: meta.append(None); continue
+        t[f"{r}.torch"] = st["torch"].contiguous()
+        if "cuda" in st: t[f"{r}.cuda"] = st["cuda"].to("cpu").contiguous()
+        v, mt, gauss = st["python"]
+        t[f"{r}.python"] = torch.tensor(mt, dtype=torch.int64)
+        m = {"python": [v, gauss]}
+        if "numpy" in st:
+            name, keys, pos, has_gauss, cached = st["numpy"]
+            t[f"{r}.numpy"] = torch.tensor(list(keys), dtype=torch.int64)
+            m["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
+        meta.append(m)
+    save_file(t, str(path), metadata={"ranks": json.dumps(meta)})
+
+def load_rngs(path) -> list:
+    "What `save_rngs` wrote (only tensors and JSON are read)."
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        meta = json.loads((f.metadata() or {})["ranks"]); t = {k: f.get_tensor(k) for k in f.keys()}
+    out = []
+    for r, m in enumerate(meta):
+        if m is None: out.append(None); continue
+        v, gauss = m["python"]
+        st = {"torch": t[f"{r}.torch"], "python": (int(v), tuple(int(x) for x in t[f"{r}.python"].tolist()),
+                                                    None if gauss is None else float(gauss))}
+        if f"{r}.cuda" in t: st["cuda"] = t[f"{r}.cuda"]
+        if "numpy" in m:
+            name, pos, has_gauss, cached = m["numpy"]
+            st["numpy"] = (str(name), t[f"{r}.numpy"].tolist(), int(pos), int(has_gauss), float(cached))
+        out.append(st)
+    return out
+
+def prune_checkpoints(root, keep: int, protect=()) -> list:
+    "Delete all but the newest `keep` `step-<digits>` dirs of `root`, never the one `latest` names nor those in `protect`; returns the deleted names."
+    root = Path(root)
+    if keep <= 0 or not root.is_dir(): return []
+    keep_names = {read_latest(root), *protect}
+    steps = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()), key=lambda p: step_of(p.name))
+    gone = []
+    for old in steps[:-keep]:
+        if old.name not in keep_names: shutil.rmtree(old, ignore_errors=True); gone.append(old.name)
+    return gone
+
 def save_checkpoint(ckpt_root, step: int, weights: dict, optimizer, scheduler, state: dict, rngs: list, config=None,
-                    keep: int = 3, kill_midway: bool = False, extra: dict | None = None) -> Path:
-    "Write `step-XXXXXXXX` via a temp dir + rename, point `latest` at it atomically, prune to the last `keep`; returns the dir."
+                    keep: int = 3, kill_midway: bool = False, extra: dict | None = None, protect=()) -> Path:
+    "Write `step-XXXXXXXX` via a temp dir + rename (replacing an older copy of that step), point `latest` at it (never backwards), prune to the last `keep` (not `protect`); returns the dir."
     from safetensors.torch import save_file
     root = Path(ckpt_root); root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
-    if final.exists(): _write_atomic(root / "latest", final.name + "\n"); return final  # already saved at this step
-    for stale in root.glob(".tmp-step-*"): shutil.rmtree(stale, ignore_errors=True)
+    cur = read_latest(root)
+    if cur is not None and step_of(cur) > step:
+        raise CheckpointError(f"{root / 'latest'} names {cur}, later than step {step}: refusing to move `latest` back "
+                              f"(resume from {root / cur}, or train into another run_dir)")
+    for stale in root.glob(".tmp-step-*"): shutil.rmtree(stale, ignore_errors=True)   # our own, from a killed save
+    for old in root.glob(".old-step-*"):   # a replaced step whose swap was interrupted: put it back, or drop it
+        name = old.name[5:].rsplit("-", 1)[0]
+        if _STEP_NAME.fullmatch(name) and not (root / name).exists(): os.rename(old, root / name)
+        else: shutil.rmtree(old, ignore_errors=True)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"; tmp.mkdir()
     save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, str(tmp / "drafter.safetensors"), metadata={"step": str(step)})
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if kill_midway: os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with a half-written checkpoint
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rngs, tmp / "rng.pt")
+    save_rngs(rngs, tmp / "rng.safetensors")
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     if config is not None: save_config(config, tmp / "config.yaml")
     for name, text in (extra or {}).items(): (tmp / name).write_text(text)
     for f in tmp.iterdir():
         with open(f, "rb") as fh: os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    os.rename(tmp, final); _fsync_dir(root)
+    if final.exists():  # never keep an old copy of this step in place of the weights being saved
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old); os.rename(tmp, final); shutil.rmtree(old, ignore_errors=True)
+    else: os.rename(tmp, final)
+    _fsync_dir(root)
     _write_atomic(root / "latest", final.name + "\n")
-    for old in sorted(root.glob("step-*"))[:-keep] if keep > 0 else []:
-        if old != final: shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(root, keep, protect)
     return final
 
 def resolve_checkpoint(path) -> Path:
-    "A local checkpoint dir from: a checkpoint dir, a checkpoints dir or run dir (via `latest`)."
+    "A local checkpoint dir from: a checkpoint dir, a checkpoints dir or run dir (via `latest`, which must name `step-<digits>`)."
     p = Path(path)
+    if p.name == "latest" and p.is_file(): p = p.parent   # `checkpoints/latest` itself
     for cand in (p, p / "checkpoints"):
         if (cand / "state.json").exists(): return cand
-        if (cand / "latest").exists():
-            d = cand / (cand / "latest").read_text().strip()
-            if (d / "state.json").exists(): return d
-            raise FileNotFoundError(f"{cand / 'latest'} names {d.name}, which is missing or incomplete")
+        name = read_latest(cand)
+        if name is not None:
+            d = cand / name
+            if (d / "state.json").exists() and not d.is_symlink(): return d
+            raise FileNotFoundError(f"{cand / 'latest'} names {name}, which is missing or incomplete")
     raise FileNotFoundError(f"no checkpoint at {p} (expected state.json, or a `latest` file in it or in {p / 'checkpoints'})")
 
+def _read(path: Path, how):
+    "Read one checkpoint file as data; anything else (a pickle with code, a corrupt file) is a CheckpointError naming it."
+    try: return how(path)
+    except FileNotFoundError: raise CheckpointError(f"{path} is missing: the checkpoint {path.parent} is incomplete; resume from another one") from None
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a valid checkpoint file (only tensors and plain data are loaded; "
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                              f"nothing from it was run; resume from another checkpoint") from None
+
 def load_checkpoint(path) -> dict:
-    "Everything `save_checkpoint` wrote, as a dict (weights, optimizer, scheduler, rngs, state, dir)."
+    "Everything `save_checkpoint` wrote, as a dict (weights, optimizer, scheduler, rngs, state, dir); data only, never code."
     from safetensors.torch import load_file
     d = resolve_checkpoint(path)
-    return {"dir": d, "weights": load_file(str(d / "drafter.safetensors")),
-            "optimizer": torch.load(d / "optimizer.pt", map_location="cpu", weights_only=True),
-            "scheduler": torch.load(d / "scheduler.pt", map_location="cpu", weights_only=True),
-            "rngs": torch.load(d / "rng.pt", map_location="cpu", weights_only=False),
-            "state": json.loads((d / "state.json").read_text())}
+    tload = lambda f: torch.load(f, map_location="cpu", weights_only=True)
+    def state(f):
+        s = json.loads(f.read_text())
+        if not isinstance(s, dict) or not isinstance(s.get("step"), int): raise ValueError("no integer `step`")
+        return s
+    rng = d / "rng.safetensors"
+    return {"dir": d, "weights": _read(d / "drafter.safetensors", lambda f: load_file(str(f))),
+            "optimizer": _read(d / "optimizer.pt", tload), "scheduler": _read(d / "scheduler.pt", tload),
+            "rngs": _read(rng, load_rngs) if rng.exists() else _read(d / "rng.pt", tload),   # rng.pt: older checkpoints
+            "state": _read(d / "state.json", state)}
+
+# %% ../nbs/08_trainer.ipynb #a1b2c3d5
+def _pid_alive(pid: int) -> bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+class RunLock:
+    "Exclusive ownership of a run dir: `run_dir/train.lock` holds the owner's pid and host (and an flock while it runs); a lock whose pid is dead on this host is stale and taken over."
+    def __init__(self, run_dir):
+        self.path, self.fd, self.taken_over = Path(run_dir) / "train.lock", None, None
+
+    def acquire(self) -> "RunLock":
+        import fcntl, errno, socket
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time(), 3)}
+        for _ in range(5):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); held = False
+            except OSError as e: held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+            try: holder = json.loads(os.pread(fd, 4096, 0).decode() or "null")
+            except ValueError: holder = None
+            if not isinstance(holder, dict): holder = None
+            same_host = holder is not None and holder.get("host") == me["host"]
+            alive = holder is not None and same_host and isinstance(holder.get("pid"), int) and _pid_alive(holder["pid"])
+            if held or (holder is not None and holder.get("pid") != me["pid"] and (alive or not same_host)):
+                os.close(fd)
+                who = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "another process"
+                raise CheckpointError(f"run dir {self.path.parent} is in use by {who} (lock file {self.path}): wait for that "
+                                      f"trainer to finish or pick another train.run_dir; if no trainer runs there any more, delete {self.path}")
+            try: same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino   # not a lock file unlinked meanwhile
+            except FileNotFoundError: same_file = False
+            if not same_file: os.close(fd); continue
+            if holder is not None and holder.get("pid") != me["pid"]: self.taken_over = holder
+            os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(me).encode(), 0); os.fsync(fd)
+            self.fd = fd
+            return self
+        raise CheckpointError(f"could not take the lock {self.path} (it keeps changing); is another trainer starting there?")
+
+    def release(self):
+        if self.fd is None: return
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(os.pread(self.fd, 4096, 0).decode()).get("pid") == os.getpid(): self.path.unlink()
+        os.close(self.fd); self.fd = None
+
+    def __enter__(self): return self.acquire()
+    def __exit__(self, *exc): self.release()
+
+def _agree(distributed: bool, rank: int, fn=None):
+    "Run the check `fn` on rank 0 and raise its CheckpointError on every rank (so no rank waits for one that stopped)."
+    err = None
+    if rank == 0 and fn is not None:
+        try: fn()
+        except CheckpointError as e: err = str(e)
+    if distributed:
+        box = [err]; dist.broadcast_object_list(box, src=0); err = box[0]
+    if err: raise CheckpointError(err)
+
+def _has_checkpoints(root: Path) -> Optional[str]:
+    "What `root` holds of earlier checkpoints (for the message), or None."
+    if not root.is_dir(): return None
+    steps = sorted(p.name for p in root.iterdir() if _STEP_NAME.fullmatch(p.name))
+    if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
+    return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
+
+def _resume_changes(ckpt_dir, cfg) -> list[str]:
+    "What changed in the optimizer, the schedule or the step count between a checkpoint's config.yaml and `cfg`."
+    from dflash_nb.config import load_config
+    f = Path(ckpt_dir) / "config.yaml"
+    if not f.exists(): return []
+    try: old = load_config(TrainConfig, f)   # YAML safe_load + strict typing: data only
+    except Exception as e: return [f"(its config.yaml could not be compared: {str(e)[:120]})"]
+    out = [f"steps {old.steps} -> {cfg.steps}"] if old.steps != cfg.steps else []
+    for k, v in to_dict(cfg.optim).items():
+        if to_dict(old.optim)[k] != v: out.append(f"optim.{k} {to_dict(old.optim)[k]} -> {v}")
+    return out
 
 # %% ../nbs/08_trainer.ipynb #ebf30b59
 def split_s3(uri: str) -> tuple[str, str]:
@@ -400,72 +580,180 @@ def s3_client(endpoint_url: Optional[str] = None, timeout: float = 10.0):
         connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"},
         s3={"addressing_style": "path"} if custom else None))  # S3-compatible stores (MinIO, SeaweedFS) want path style
 
+_S3_PERMANENT = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "AllAccessDisabled",
+                 "InvalidBucketName", "AccountProblem", "InvalidToken", "ExpiredToken", "InvalidObjectState"}
+
+def s3_permanent(e: BaseException) -> bool:
+    "True for S3 errors that retrying cannot fix (credentials, permissions, missing bucket), looking through wrapped causes."
+    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (NoCredentialsError, PartialCredentialsError, CheckpointError)): return True
+        if isinstance(e, ClientError):
+            err = e.response.get("Error", {}); status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return str(err.get("Code")) in _S3_PERMANENT or status in (401, 403)
+        e = e.__cause__ or e.__context__
+    return False
+
+def _s3_latest(c, bucket: str, key: str) -> Optional[str]:
+    "The validated checkpoint name of `s3://bucket/key`, None when the object does not exist."
+    from botocore.exceptions import ClientError
+    try: text = c.get_object(Bucket=bucket, Key=key)["Body"].read().decode(errors="replace").strip()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
+        raise
+    return checkpoint_name(text, f"s3://{bucket}/{key}")
+
 class S3Uploader:
-    "Background uploader of checkpoint dirs to `s3://bucket/prefix`, with retry + backoff; keeps the last `keep` remotely."
+    "Background uploader of checkpoint dirs to `s3://bucket/prefix`: files first, `latest` last (never backwards), failed uploads retried later, permanent errors fatal; keeps the last `keep` of its own uploads remotely."
     def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print):
         self.bucket, self.prefix = split_s3(uri)
         self.endpoint_url, self.retries, self.backoff, self.keep, self.report = endpoint_url, retries, backoff, keep, report
         self.q, self.uploaded, self.failed, self.pending = queue.Queue(), [], [], []
+        self.lock, self.fatal, self.latest_step, self.remote = threading.Lock(), None, -1, []
         self.thread = threading.Thread(target=self._run, name="s3-upload", daemon=True); self.thread.start()
 
     def key(self, *parts) -> str: return "/".join(p for p in (self.prefix, *parts) if p)
+    def uri(self, *parts) -> str: return f"s3://{self.bucket}/{self.key(*parts)}"
 
-    def submit(self, ckpt_dir: Path): self.pending.append(Path(ckpt_dir).name); self.q.put(Path(ckpt_dir))
+    def preflight(self) -> Optional[str]:
+        "Check the bucket now (a permanent error raises CheckpointError before any training); the remote `latest`, or None."
+        from botocore.exceptions import ClientError
+        try:
+            c = s3_client(self.endpoint_url); c.head_bucket(Bucket=self.bucket)
+            return _s3_latest(c, self.bucket, self.key("latest"))
+        except CheckpointError: raise
+        except Exception as e:
+            missing = isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+            if missing or s3_permanent(e):
+                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: {'no such bucket' if missing else 'refused'} ({type(e).__name__}: {e}); check the bucket name and the "
+                                      "credentials, or unset checkpoint.s3_uri") from None
+            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
+                         "note": "uploads will be retried"})
+            return None
+
+    def submit(self, ckpt_dir: Path):
+        with self.lock: self.pending.append(Path(ckpt_dir).name)
+        self.q.put(Path(ckpt_dir))
+
+    def not_in_s3(self) -> set:
+        "Names submitted but not (yet) uploaded: their local copies must not be pruned."
+        with self.lock: return set(self.pending) | set(self.failed)
 
     def _upload(self, d: Path):
         c = s3_client(self.endpoint_url)
-        for f in sorted(d.iterdir()): c.upload_file(str(f), self.bucket, self.key(d.name, f.name))
-        c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
-        names = sorted({k["Key"][len(self.key()) + 1:].split("/")[0] for p in c.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=self.key() + "/") for k in p.get("Contents", [])})
-        for old in [n for n in names if n.startswith("step-")][:-self.keep] if self.keep > 0 else []:
+        files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: (f.name == "state.json", f.name))
+        for f in files: c.upload_file(str(f), self.bucket, self.key(d.name, f.name))   # state.json last: the step is complete
+        step = step_of(d.name)
+        if step > self.latest_step:
+            remote = _s3_latest(c, self.bucket, self.key("latest"))
+            if remote is not None and step_of(remote) > step and remote not in self.remote:
+                raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: another run writes to "
+                                      f"this prefix; use a checkpoint.s3_uri of its own")
+            c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
+            self.latest_step = step
+        with self.lock: self.remote.append(d.name)
+        self._prune(c)
+
+    def _prune(self, c):
+        "Delete this run's own old uploads beyond `keep`, never the step the remote `latest` names."
+        if self.keep <= 0: return
+        own = sorted(set(self.remote), key=step_of)[:-self.keep]
+        if not own: return
+        named = _s3_latest(c, self.bucket, self.key("latest"))
+        for old in own:
+            if old == named: continue
             for p in c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(old) + "/"):
                 for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
+            with self.lock: self.remote = [n for n in self.remote if n != old]
+
+    def _attempt(self, d: Path, tries: Optional[int] = None) -> bool:
+        "Upload `d` with up to `tries` attempts (default: `retries`); True once it is in S3."
+        delay, tries = self.backoff, tries or self.retries
+        for attempt in range(1, tries + 1):
+            try:
+                self._upload(d)
+                with self.lock:
+                    self.uploaded.append(d.name)
+                    if d.name in self.failed: self.failed.remove(d.name)
+                self.report({"event": "s3_upload", "checkpoint": d.name, "uri": self.uri(d.name), "attempt": attempt})
+                return True
+            except Exception as e:
+                permanent = s3_permanent(e)
+                last = permanent or attempt == tries
+                self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": tries,
+                             "error": f"{type(e).__name__}: {e}"[:300], "permanent": permanent,
+                             "retry_in_s": None if last else delay, "local_copy": str(d)})
+                if permanent: self.fatal = f"{self.uri(d.name)}: {type(e).__name__}: {e}"[:400]
+                if last:
+                    with self.lock:
+                        if d.name not in self.failed: self.failed.append(d.name)
+                    return False
+                time.sleep(delay); delay *= 2
+        return False
+
+    def _retry_failed(self):
+        "One more attempt for each earlier failure, oldest first; the first that fails again ends the round (the server is still away)."
+        for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
+            if self.fatal or not (self.dirs_root / name).is_dir() or not self._attempt(self.dirs_root / name, tries=1): return
 
     def _run(self):
+        self.dirs_root = None
         while True:
             d = self.q.get()
-            if d is None: return
-            delay = self.backoff
-            for attempt in range(1, self.retries + 1):
-                try:
-                    self._upload(d); self.uploaded.append(d.name)
-                    self.report({"event": "s3_upload", "checkpoint": d.name, "uri": f"s3://{self.bucket}/{self.key(d.name)}", "attempt": attempt})
-                    break
-                except Exception as e:  # network, auth, server errors: all are retried, then reported
-                    last = attempt == self.retries
-                    self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": self.retries,
-                                 "error": f"{type(e).__name__}: {e}"[:300], "retry_in_s": None if last else delay,
-                                 "local_copy": str(d)})
-                    if last: self.failed.append(d.name)
-                    else: time.sleep(delay); delay *= 2
-            self.pending.remove(d.name)
+            if d is None: break
+            self.dirs_root = d.parent
+            if not self.fatal:
+                self._retry_failed()              # the server may be back: older failures first, `latest` stays monotonic
+                if not self.fatal: self._attempt(d)
+            if self.fatal:
+                with self.lock:
+                    if d.name not in self.failed: self.failed.append(d.name)
+            with self.lock: self.pending.remove(d.name)
+        if self.dirs_root is not None and not self.fatal: self._retry_failed()   # a last round at the end of the run
 
     def close(self, timeout: float = 600.0) -> bool:
-        "Finish pending uploads (up to `timeout` seconds); reports and returns False if some are still unfinished."
+        "Finish pending uploads and retry failed ones (up to `timeout` seconds); reports and returns False if some checkpoints are not in S3."
         self.q.put(None); self.thread.join(timeout)
-        if not self.pending: return True
-        self.report({"event": "s3_upload_unfinished", "checkpoints": list(self.pending), "waited_s": timeout,
-                     "local_copy": "kept"})
+        missing = sorted(self.not_in_s3(), key=step_of)
+        if not missing: return True
+        self.report({"event": "s3_upload_unfinished", "checkpoints": missing, "waited_s": timeout, "local_copy": "kept",
+                     **({"error": self.fatal} if self.fatal else {})})
         return False
 
 def download_checkpoint(uri: str, dest, endpoint_url=None) -> Path:
-    "Download `s3://bucket/prefix` (its `latest`) or `s3://bucket/prefix/step-…` into `dest`; returns the local checkpoint dir."
+    "Download `s3://bucket/prefix` (its `latest`) or `s3://bucket/prefix/step-…` into `dest`; only plain `step-<digits>/<file>` keys, written under `dest`; returns the local checkpoint dir."
     bucket, key = split_s3(uri)
     c = s3_client(endpoint_url)
     name = key.rsplit("/", 1)[-1]
     if not name.startswith("step-"):
-        try: name = c.get_object(Bucket=bucket, Key=f"{key}/latest" if key else "latest")["Body"].read().decode().strip()
-        except Exception as e: raise FileNotFoundError(f"no checkpoint `latest` under {uri}: {e}") from e
+        lk = f"{key}/latest" if key else "latest"
+        try: name = _s3_latest(c, bucket, lk)
+        except CheckpointError: raise
+        except Exception as e: raise FileNotFoundError(f"cannot read s3://{bucket}/{lk}: {e}") from e
+        if name is None: raise FileNotFoundError(f"no checkpoint `latest` under {uri}")
         key = f"{key}/{name}" if key else name
-    out = Path(dest) / name; tmp = Path(dest) / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir(parents=True)
-    n = 0
+    checkpoint_name(name, uri)
+    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
+    out, tmp = inside(dest, name), inside(dest, f".tmp-{name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+    names = []
     for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/"):
         for k in p.get("Contents", []):
-            c.download_file(bucket, k["Key"], str(tmp / k["Key"][len(key) + 1:])); n += 1
-    if n == 0: raise FileNotFoundError(f"{uri}: s3://{bucket}/{key}/ is empty")
-    shutil.rmtree(out, ignore_errors=True); os.rename(tmp, out)
+            rel = k["Key"][len(key) + 1:]
+            f = inside(tmp, rel, f"s3://{bucket}/{k['Key']}")   # refuses `..`, nested keys, anything leading out of dest
+            c.download_file(bucket, k["Key"], str(f)); names.append(rel)
+    if "state.json" not in names or "drafter.safetensors" not in names:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"s3://{bucket}/{key}/ is not a complete checkpoint (no state.json or drafter.safetensors): "
+                              "its upload did not finish; resume from another step")
+    if out.exists():   # an earlier download of the same step: replaced only if it looks like one (plain files, a state.json)
+        if out.is_symlink() or not out.is_dir() or not (out / "state.json").is_file() or any(not f.is_file() or f.is_symlink() for f in out.iterdir()):
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise CheckpointError(f"{out} exists and is not an earlier download of {name}: refusing to replace it; move it away")
+        shutil.rmtree(out)
+    os.rename(tmp, out)
     return out
 
 # %% ../nbs/08_trainer.ipynb #865c66f8
@@ -704,6 +992,12 @@ def _fmt(rec: dict) -> str:
 # %% ../nbs/08_trainer.ipynb #8d8211c4
 def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "") -> dict:
     "Train a DFlash drafter with online target features per `cfg` (`target`: an already built target, else built from cfg.target); returns the run summary with the trained drafter."
+    locks = []
+    try: return _train(cfg, target, log_prefix, locks)
+    finally:
+        for l in locks: l.release()
+
+def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     from dflash_nb.data import load_manifest, load_tokenizer
     from dflash_nb.attention import AnchorBlockLayout
     from dflash_nb.loss import block_loss, expected_acceptance_length
@@ -716,6 +1010,14 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     accum = cfg.global_batch // world
     run_dir = Path(cfg.run_dir); run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
+    def own_run_dir():   # one owner (the lock), one history (no new run over old checkpoints)
+        locks.append(RunLock(run_dir).acquire())
+        if locks[-1].taken_over: print(f"{log_prefix}note: took over the stale lock of pid {locks[-1].taken_over.get('pid')} in {run_dir}", flush=True)
+        held = _has_checkpoints(ckpt_root)
+        if not cfg.resume and held:
+            raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with train.resume=auto, "
+                                  f"or pick another train.run_dir (a new run never mixes with an old one)")
+    _agree(distributed, rank, own_run_dir)
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = _Log(run_dir, rank, cfg.steps)
     from dflash_nb.tracking import Trackers, require_trackers
@@ -755,9 +1057,26 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     if src:
         local = download_checkpoint(src, run_dir / "resume", cfg.checkpoint.s3_endpoint_url) if src.startswith("s3://") else src
         ck = load_checkpoint(local)
+        st = ck["state"]; start = st["step"]
+        if start > cfg.steps:
+            raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: resuming would move `latest` back; "
+                                  f"set train.steps above {start} to train on, or resume an earlier checkpoint into another train.run_dir")
+        here = read_latest(ckpt_root)
+        if here is not None and step_of(here) > start:
+            raise CheckpointError(f"{ckpt_root / 'latest'} names {here}, later than the resume point {ck['dir']} (step {start}): "
+                                  f"continuing here would rewrite this run's history; resume into another train.run_dir, or resume from {ckpt_root}")
         drafter.load_trainable_state_dict({k: v.to(ddev) for k, v in ck["weights"].items()})
         optimizer.load_state_dict(ck["optimizer"]); scheduler.load_state_dict(ck["scheduler"])
-        st = ck["state"]; start = st["step"]
+        changes = _resume_changes(ck["dir"], cfg)
+        if changes:   # the config given now applies from the resume step: hyper-parameters and the schedule's base lr
+            for g in optimizer.param_groups:
+                g.update(betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
+                g["lr"] = o.lr * lr_factor(scheduler.last_epoch, cfg.steps, o.warmup_frac, o.min_lr_frac)
+            scheduler.base_lrs = [o.lr] * len(optimizer.param_groups)
+            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+            log.print(f"{log_prefix}resuming {ck['dir']} with a changed config: {'; '.join(changes)}. The new values apply from step "
+                      f"{start} (schedule recomputed for steps={cfg.steps} at the same position; AdamW moments kept)")
+            log.record({"event": "resume_config_changed", "from": str(ck["dir"]), "step": start, "changes": changes}, echo=False)
         if st.get("global_batch") != cfg.global_batch: raise ConfigError(f"checkpoint has global_batch {st.get('global_batch')}, config {cfg.global_batch}")
         if st.get("data_id") != data_id: log.print(f"{log_prefix}warning: the data differs from the checkpoint's (data order will not match)")
         if len(ck["rngs"]) == world: set_rng_state(ck["rngs"][rank], ddev)
@@ -768,6 +1087,18 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     if cfg.checkpoint.s3_uri and rank == 0:
         uploader = S3Uploader(cfg.checkpoint.s3_uri, cfg.checkpoint.s3_endpoint_url, cfg.checkpoint.s3_retries,
                               cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=log.record)
+    def s3_check():   # fail fast: a bad bucket or credentials, or a prefix that holds another history
+        remote = uploader.preflight()
+        if remote is not None and start == 0:
+            raise CheckpointError(f"{uploader.uri()} already holds checkpoints (latest: {remote}) of another run: resume from it "
+                                  f"(train.resume={uploader.uri()}) or give this run its own checkpoint.s3_uri")
+        if remote is not None and step_of(remote) > start:
+            raise CheckpointError(f"{uploader.uri('latest')} names {remote}, later than this run's resume point (step {start}): "
+                                  f"uploading there would move it back; resume from {uploader.uri()} or use another checkpoint.s3_uri")
+    try: _agree(distributed, rank, s3_check if uploader else None)
+    except CheckpointError:
+        if uploader: uploader.close(timeout=5)
+        raise
     metrics = Metrics(ddev, B)
     metrics.nonfinite_total += counters["nonfinite_total"]
     last_ckpt = [None]
@@ -778,16 +1109,22 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
         rngs = [None] * world if distributed else None
         if distributed: dist.gather_object(rng_state(ddev), rngs if rank == 0 else None, dst=0)
         else: rngs = [rng_state(ddev)]
-        if rank == 0:
-            state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch, "world_size": world,
-                     "data_id": data_id, "counters": {"nonfinite_total": int(metrics.nonfinite_total.item())}}
-            d = save_checkpoint(ckpt_root, step, drafter.trainable_state_dict(), optimizer, scheduler, state, rngs, cfg,
-                                keep=cfg.checkpoint.keep, kill_midway=cfg.fault.kill_in_checkpoint == step,
-                                extra={"drafter_config.json": json.dumps(to_dict(dcfg), indent=1)})
-            last_ckpt[0] = d
-            log.record({"event": "checkpoint", "dir": str(d), "step": step})
-            if uploader: uploader.submit(d)
-        if distributed: dist.barrier()
+        _agree(distributed, rank, lambda: save(step, rngs))
+
+    def save(step, rngs):
+        state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch, "world_size": world,
+                 "data_id": data_id, "counters": {"nonfinite_total": int(metrics.nonfinite_total.item())}}
+        d = save_checkpoint(ckpt_root, step, drafter.trainable_state_dict(), optimizer, scheduler, state, rngs, cfg,
+                            keep=cfg.checkpoint.keep, kill_midway=cfg.fault.kill_in_checkpoint == step,
+                            extra={"drafter_config.json": json.dumps(to_dict(dcfg), indent=1)},
+                            protect=uploader.not_in_s3() if uploader else ())   # local copies stay until they are in S3
+        last_ckpt[0] = d
+        log.record({"event": "checkpoint", "dir": str(d), "step": step})
+        if uploader:
+            if uploader.fatal:
+                raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in {ckpt_root}: "
+                                      f"fix checkpoint.s3_uri or the credentials, then rerun with train.resume=auto")
+            uploader.submit(d)
 
     stop = {"sigterm": False}
     def on_sigterm(signum, frame): stop["sigterm"] = True
@@ -860,7 +1197,9 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     finally:
         producer.close()
         if old_handler is not None: signal.signal(signal.SIGTERM, old_handler)
-        if uploader: uploader.close()
+        if uploader:
+            uploader.close()
+            if rank == 0: prune_checkpoints(ckpt_root, cfg.checkpoint.keep, uploader.not_in_s3())   # what waited for its upload
         log.close()
     total = time.perf_counter() - t_start
     summary = {"steps": step if stopped else cfg.steps, "started_at": start, "stopped": stopped, "wall_s": total,
@@ -874,6 +1213,11 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
         f = summary["final"]
         if f: log.print(f"{log_prefix}done: {summary['steps']} steps in {total:.1f}s | loss {f['loss']:.4f} | acc@1 {f['acc'][0]:.3f} | "
                         f"skipped {summary['nonfinite_total']} | checkpoint {summary['checkpoint']}")
+    if uploader and last_ckpt[0] is not None and (uploader.fatal or last_ckpt[0].name in uploader.not_in_s3()):
+        raise CheckpointError(f"the final checkpoint {last_ckpt[0]} is not in {uploader.uri()} "
+                              f"({uploader.fatal or 'the upload failed, see s3_upload_failed in ' + str(run_dir / 'metrics.jsonl')}); "
+                              f"it is kept locally at {last_ckpt[0]}: rerun with train.resume=auto to upload it again, "
+                              f"or copy it yourself (aws s3 cp --recursive {last_ckpt[0]} {uploader.uri(last_ckpt[0].name)}/)")
     summary["drafter"], summary["drafter_config"], summary["target"] = drafter, dcfg, target
     return summary
 

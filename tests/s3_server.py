@@ -75,6 +75,7 @@ class S3Server:
         with open(log, "wb") as lf:
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         srv = cls(f"http://127.0.0.1:{s3}", proc, d, log=log)
+        srv._cmd, srv._env = cmd, env
         try:
             srv._wait_ready(timeout)
             yield srv
@@ -108,6 +109,13 @@ class S3Server:
             try: self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill(); self.proc.wait(10)
+
+    def restart(self, timeout: float = 60.0):
+        "Start the server again on the same ports and data (the end of an outage made with `stop`)."
+        self.stop()
+        with open(self.log, "ab") as lf:
+            self.proc = subprocess.Popen(self._cmd, stdout=lf, stderr=subprocess.STDOUT, start_new_session=True, env=self._env)
+        self._wait_ready(timeout)
 
     def client(self, **kw):
         "A boto3 S3 client for this server (path-style addressing, signed with the test key)."

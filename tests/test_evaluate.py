@@ -217,7 +217,7 @@ def small_world():
     "A 4-token-vocabulary target (peaked, so the drafter's q differs from p) and an untrained drafter on it."
     torch.set_num_threads(1)
     target = tiny_target(vocab_size=SV, num_layers=2, hidden_size=32, pad_token_id=0, eos_token_id=1, lm_head_std=1.0)
-    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=SB, target_layer_ids=[0, 1],
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=SB, target_layer_ids=[0],
                                     mask_token_id=SV - 1)
     torch.manual_seed(0)
     drafter = DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()).eval()

@@ -48,7 +48,7 @@ def _logits(drafter, seed=0):
 def test_round_trip_identical_logits_and_names(setup, tmp_path):
     target, cfg, drafter = setup
     out = ex.export_drafter(drafter, cfg, tmp_path / "drafter")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".dflash_nb_export.json", "config.json", "model.safetensors"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         names, meta = set(f.keys()), f.metadata()
         tensors = {k: f.get_tensor(k) for k in names}
@@ -180,3 +180,36 @@ def test_checkpoint_cli(tmp_path):
     target = summary["target"]
     loaded = ex.load_exported_drafter(out, target.get_input_embeddings(), target.get_output_embeddings())
     assert torch.equal(_logits(loaded), _logits(drafter.eval()))
+
+
+def _cli(*args):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, "-m", "dflash_nb.export", *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_export_out_never_destroys_foreign_dirs(setup, tmp_path):
+    "`--out` over a foreign dir, over an export holding user files, or over an export without --overwrite: exit 2, one line, nothing touched."
+    from dflash_nb.trainer import save_checkpoint, rng_state
+    target, cfg, drafter = setup
+    from dflash_nb.config import to_dict
+    m = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    ck = save_checkpoint(tmp_path / "run" / "checkpoints", 3, drafter.trainable_state_dict(), m,
+                         torch.optim.lr_scheduler.LambdaLR(m, lambda s: 1.0), {"step": 3}, [rng_state(torch.device("cpu"))],
+                         extra={"drafter_config.json": json.dumps(to_dict(cfg))})
+    models = tmp_path / "models"; (models / "llama").mkdir(parents=True); (models / "llama" / "w.bin").write_text("x")
+    snap = lambda d: {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    before = snap(models)
+    r = _cli("--checkpoint", ck, "--out", models)
+    assert r.returncode == 2 and "is not a drafter export" in r.stderr and str(models) in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and snap(models) == before
+    out = tmp_path / "export"
+    assert _cli("--checkpoint", ck, "--out", out).returncode == 0
+    r = _cli("--checkpoint", ck, "--out", out)
+    assert r.returncode == 2 and "--overwrite" in r.stderr, r.stderr
+    (out / "README.md").write_text("mine")
+    r = _cli("--checkpoint", ck, "--out", out, "--overwrite")
+    assert r.returncode == 2 and "README.md" in r.stderr and (out / "README.md").read_text() == "mine", r.stderr
+    (out / "README.md").unlink()
+    r = _cli("--checkpoint", ck, "--out", out, "--overwrite")
+    assert r.returncode == 0, r.stderr
+    assert ex.read_exported_config(out) == cfg

@@ -5,7 +5,7 @@ import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from _trainer_common import (make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO)
-from dflash_nb.trainer import train, NonFiniteError, resolve_checkpoint, load_checkpoint, RowStream, rank_row
+from dflash_nb.trainer import train, NonFiniteError, resolve_checkpoint, load_checkpoint, load_rngs, RowStream, rank_row
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_two_gloo_ranks_equal_one_rank(tmp_path, data_dir):
     for k in l1: assert abs(l1[k] - l2[k]) < 1e-5, (k, l1[k], l2[k])
     _close(weights(latest(tmp_path / "one")), weights(latest(tmp_path / "two")), atol=2e-6, rtol=1e-5)
     assert json.loads((latest(tmp_path / "two") / "state.json").read_text())["world_size"] == 2
-    assert len(torch.load(latest(tmp_path / "two") / "rng.pt", weights_only=False)) == 2  # every rank's RNG state
+    assert len(load_rngs(latest(tmp_path / "two") / "rng.safetensors")) == 2  # every rank's RNG state
 
 
 def test_exact_resume_after_sigkill(tmp_path, data_dir):

@@ -33,7 +33,7 @@ def test_s3_upload_and_resume(tmp_path, data_dir, s3_server):
         "\n".join(problems[-6:]) + "\n" + s3_server.log.read_text()[-2000:]
     keys = {o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket, Prefix="runs/a/").get("Contents", [])}
     for step in ("step-00000003", "step-00000006"):
-        for f in ("drafter.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "state.json", "config.yaml"):
+        for f in ("drafter.safetensors", "optimizer.pt", "scheduler.pt", "rng.safetensors", "state.json", "config.yaml"):
             assert f"runs/a/{step}/{f}" in keys
     assert s3_server.client().get_object(Bucket=bucket, Key="runs/a/latest")["Body"].read().decode().strip() == "step-00000006"
     events = [json.loads(l) for l in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines() if '"s3_upload"' in l]
@@ -53,7 +53,8 @@ def test_s3_upload_and_resume(tmp_path, data_dir, s3_server):
 
 
 def test_s3_outage_is_retried_reported_and_local_checkpoints_kept(tmp_path, data_dir):
-    "The S3 server dies mid-run: uploads are retried and reported, training finishes, every local checkpoint is intact."
+    """The S3 server dies mid-run: uploads are retried and reported, training finishes, every local checkpoint is intact, and
+    the run exits 2 naming the local copy of the final checkpoint; once the server is back, resume=auto uploads it."""
     with S3Server.start(tmp_path) as s3:
         bucket = s3.make_bucket("outage")
         cfg = write_run_config(tmp_path / "o.yaml", train_dict(tmp_path / "o", data_dir, steps=40, log_every=1,
@@ -66,16 +67,22 @@ def test_s3_outage_is_retried_reported_and_local_checkpoints_kept(tmp_path, data
         assert '"s3_upload"' in m.read_text(), "the first checkpoint never reached S3"
         s3.stop(grace=0.5)                                   # the outage
         out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    recs = [json.loads(l) for l in m.read_text().splitlines()]
-    failed = [r for r in recs if r.get("event") == "s3_upload_failed"]
-    assert failed, "the outage was not reported"
-    assert {r["attempt"] for r in failed} >= {1, 2, 3}       # retried before giving up
-    assert all(r["local_copy"] for r in failed)
-    assert "s3_upload_failed" in out                          # and reported on the console
-    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
-    assert summary["s3_failed"] and summary["s3_uploaded"] and summary["s3_unfinished"] == []
-    root = tmp_path / "o" / "checkpoints"
-    assert latest(tmp_path / "o").name == "step-00000040"
-    for d in sorted(root.glob("step-*")): assert load_checkpoint(d)["state"]["step"] == int(d.name[5:])
-    assert len(list(root.glob("step-*"))) == 10
+        root = tmp_path / "o" / "checkpoints"
+        assert proc.returncode == 2, out[-3000:]
+        assert f"the final checkpoint {root / 'step-00000040'} is not in s3://{bucket}/x" in out and "train.resume=auto" in out
+        recs = [json.loads(l) for l in m.read_text().splitlines()]
+        failed = [r for r in recs if r.get("event") == "s3_upload_failed"]
+        assert failed, "the outage was not reported"
+        assert {r["attempt"] for r in failed} >= {1, 2, 3}       # retried before giving up
+        assert all(r["local_copy"] and not r["permanent"] for r in failed)
+        assert "s3_upload_failed" in out                          # and reported on the console
+        summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+        assert summary["s3_failed"] and summary["s3_uploaded"] and summary["s3_unfinished"] == []
+        assert latest(tmp_path / "o").name == "step-00000040"
+        for d in sorted(root.glob("step-*")): assert load_checkpoint(d)["state"]["step"] == int(d.name[5:])
+        assert len(list(root.glob("step-*"))) == 10
+        s3.restart()                                           # the server is back: the final checkpoint gets there
+        p = subprocess.run([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg), "train.resume=auto"], cwd=REPO,
+                           env=env(**s3.env_vars()), capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        assert s3.client().get_object(Bucket=bucket, Key="x/latest")["Body"].read() == b"step-00000040\n"
