@@ -255,4 +255,4 @@ def main(argv=None) -> int:
 
 # %% ../nbs/11_train.ipynb #b79eba8d
 #| eval: false
-if __name__ == "__main__": sys.exit(main())
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: sys.exit(main())

@@ -1,0 +1,44 @@
+"""Run All, the way a reader runs a chapter in JupyterLab: every notebook top to bottom in a fresh kernel with nbclient,
+flagged cells included (`nbdev_test` skips `#| slow` / `#| gpu` cells and `#| eval: false`; JupyterLab runs them all).
+No cell may fail (GPU-only cells must say what they would do and skip on a CPU machine), nothing may be left behind in
+the repository or in the kernel's temp dir, and each chapter must finish within its time budget."""
+import os, subprocess, time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "nbs").glob("*.ipynb"))
+BUDGET_S = 420          # per chapter on a 2-core CI machine (the longest, the trainer and the demo, take ~2-4 min)
+
+
+def _repo_state() -> set[str]:
+    "Every path git sees, ignored ones included (a chapter writing runs/ or a stray file is caught), minus bytecode caches."
+    out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    return {l for l in out.splitlines() if "__pycache__" not in l and ".pyc" not in l and ".ipynb_checkpoints" not in l}
+
+
+def test_every_chapter_is_collected():
+    assert len(NOTEBOOKS) >= 12 and all(nb.name[:2].isdigit() or nb.name == "index.ipynb" for nb in NOTEBOOKS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
+def test_run_all_in_a_fresh_kernel(nb, tmp_path, monkeypatch):
+    tmp = tmp_path / "kernel-tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))           # the kernel's tempfile.* land here: we can see leftovers
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    before = _repo_state()
+    client = NotebookClient(nbformat.read(nb, as_version=4), timeout=BUDGET_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(nb.parent)}})
+    t0 = time.perf_counter()
+    client.execute()                                  # raises CellExecutionError naming the cell on any failure
+    took = time.perf_counter() - t0
+    assert took < BUDGET_S, f"{nb.name} took {took:.0f} s (budget {BUDGET_S} s)"
+    assert _repo_state() == before, f"{nb.name} left files behind: {sorted(_repo_state() ^ before)[:10]}"
+    left = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]   # torch's compile cache is not ours
+    assert not left, f"{nb.name} left temp files/dirs behind: {left[:10]}"
