@@ -465,4 +465,4 @@ def main(argv=None) -> dict:
         Path(a.json).write_text(json.dumps(res, indent=1))
     return res
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: main()
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.evaluate"))

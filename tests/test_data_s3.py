@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from dflash_nb import data as D
-from dflash_nb.data import DataConfig, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
+from dflash_nb.data import DataConfig, InputError, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_listing_paginates_and_matches_local(dataset):
     assert _names(list_inputs(f"s3://{bucket}/data/*.jsonl", cfg)) == _names(list_inputs(str(local / "*.jsonl")))
     assert _names(list_inputs(f"s3://{bucket}/data/sub/c.jsonl", cfg)) == [("c.jsonl", (local / "sub/c.jsonl").stat().st_size)]
     assert [f.uri for f in list_inputs(f"s3://{bucket}/data/b.jsonl", cfg)] == [f"s3://{bucket}/data/b.jsonl"]
-    with pytest.raises(FileNotFoundError, match="matches no objects"):
+    with pytest.raises(InputError, match="matches no objects"):
         list_inputs(f"s3://{bucket}/nothing-here/", cfg)
 
 
