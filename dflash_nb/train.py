@@ -100,7 +100,7 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     "Complete each prompt with the target's greedy decoding; write chat JSONL whose tokenization is exactly prompt + target tokens."
     from dflash_nb.data import ChatRenderer, SampleEncoder
     data_cfg = data_cfg or DataConfig()
-    renderer, encoder = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn), SampleEncoder(tokenizer, data_cfg)
+    renderer, encoder = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs), SampleEncoder(tokenizer, data_cfg)
     eot = tokenizer(renderer.end_of_turn, add_special_tokens=False)["input_ids"]   # the data pipeline's end of turn
     dev = next(target.parameters()).device
     enc = [tokenizer(renderer.render(p, add_generation_prompt=True), add_special_tokens=False)["input_ids"] for p in prompts]
