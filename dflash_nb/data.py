@@ -869,12 +869,12 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     return ours + unknown if others else []
 
 def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True, **overrides) -> dict:
-    "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
+    "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) with the tokenizer in `tokenizer_dir` (or a loaded one) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
     cfg = validate_config(dataclasses.replace(cfg or DataConfig(), **overrides))
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     # ---- everything is checked before anything in out_dir is touched ----------------------------------------------
-    tok = load_tokenizer(tokenizer_dir)
+    tok = tokenizer_dir if hasattr(tokenizer_dir, "backend_tokenizer") else load_tokenizer(tokenizer_dir)   # a directory, or a loaded tokenizer
     SampleEncoder(tok, cfg)                                      # a template and an end of turn to render with
     tkw, parts = cfg.template_kwargs(), tokenizer_parts(tok)
     fps = {"tokenizer": _sha(json.dumps(parts, sort_keys=True))[:16], "template": template_fingerprint(tok, tkw)}
