@@ -177,8 +177,11 @@ def save_config(cfg, path) -> Path:
     return path
 
 # %% ../nbs/00_config.ipynb #45233899
+def _range_text(m) -> str:
+    return ", ".join(f"{op} {m[k]}" for k, op in (("gt", ">"), ("min", ">="), ("max", "<=")) if k in m)
+
 def config_help(cls, prefix: str = "") -> str:
-    "One line per field, `key (type, default): help`, nested sections flattened with dotted keys."
+    "One line per field, `key (type, default[, range]): help`, nested sections flattened with dotted keys."
     lines, hints = [], typing.get_type_hints(cls)
     for f in fields(cls):
         tp = hints[f.name]
@@ -186,7 +189,8 @@ def config_help(cls, prefix: str = "") -> str:
             lines.append(config_help(tp, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"
-        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        r = _range_text(f.metadata)
+        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}{', ' + r if r else ''}): {f.metadata.get('help', '')}")
     return "\n".join(lines)
 
 def parse_cli(cls, argv=None, prog: str = "dflash_nb"):

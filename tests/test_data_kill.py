@@ -61,7 +61,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_workers_exit_when_the_parent_is_killed(tmp_path, method):
     "SIGKILL of the driver alone (not its process group): its worker processes must not live on as orphans."
-    write_jsonl(synthetic_records(60, seed=200, approx_tokens=1000), tmp_path / "in.jsonl")
+    write_jsonl(synthetic_records(400, seed=200, approx_tokens=1500), tmp_path / "in.jsonl")   # ~600K tokens: seconds of work
     cmd = [sys.executable, "-m", "dflash_nb.data", "--input", str(tmp_path / "in.jsonl"), "--tokenizer", str(qwen3_tokenizer_dir()),
            "--out", str(tmp_path / "out"), "--workers", "2", "shard_bytes=20000", f"start_method={method}"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
