@@ -212,3 +212,18 @@ def test_corrupt_shard_and_manifest_name_the_file(tmp_path):
     (out / "manifest.json").write_text('{"format": "dflash_nb.data/2", "shar')
     with pytest.raises(CorruptFileError, match=f"{out / 'manifest.json'}: not a readable manifest"):
         read_shards(out)
+
+
+def test_preserve_thinking_data_trains_and_other_settings_are_refused(q36, tmp_path):
+    "Data rendered with the target's template and preserve_thinking trains; the same data under another template is refused."
+    from _trainer_common import train_cfg
+    from dflash_nb.trainer import train
+    write_jsonl(synthetic_records(12, seed=9, approx_tokens=40), tmp_path / "in.jsonl")
+    data = tmp_path / "data"
+    m = tokenize_dataset(str(tmp_path / "in.jsonl"), q36, data, workers=1, max_seq_len=160, min_loss_tokens=8,
+                         chat_template_kwargs={"preserve_thinking": True}, verbose=False)
+    assert m["template_kwargs"] == {"enable_thinking": True, "preserve_thinking": True}
+    s = train(train_cfg(tmp_path / "run", data, steps=2, target={"tokenizer": str(q36)}))
+    assert s["steps"] == 2 and s["stopped"] is None
+    with pytest.raises(DataMismatchError, match=f"refusing to train on {data}: the data was made with another chat template"):
+        train(train_cfg(tmp_path / "run2", data, steps=2))            # the bundled Qwen3 template is not the one the data has
