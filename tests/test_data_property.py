@@ -52,6 +52,7 @@ def _generated(reasoning: str, content: str) -> str:
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(items=st.lists(_item, min_size=1, max_size=12))
+@example(items=[("dup", 0)])                                                 # nothing but an empty file
 @example(items=[("valid", ("flat", "Hi", "Think.\n", "Hello!")), ("bad", 1), ("valid", ("inline", "", "\nr", "\n\nc")), ("dup", 0),
                 ("valid", ("chat", "naïve café", "", "🙂 x")), ("dup", 1)] + [("bad", i) for i in range(len(BAD))])
 def test_every_record_kept_exactly_or_counted(tok, tmp_path_factory, items):
@@ -71,12 +72,13 @@ def test_every_record_kept_exactly_or_counted(tok, tmp_path_factory, items):
             line = valid_lines[v % len(valid_lines)]; n_dup += 1
         lines.append(line); raw += line + b"\n"
     (tmp / "in.jsonl").write_bytes(raw)
+    if not lines: kinds["empty_file"] += 1                 # a file without records is reported as such (it is not a record)
     cfg = DataConfig(min_loss_tokens=1, max_malformed_fraction=1.0, force=True, shard_bytes=400, batch_size=3, max_examples=50)
     m1 = tokenize_dataset(str(tmp / "in.jsonl"), tok, tmp / "one", cfg, workers=1, verbose=False)
     a = m1["audit"]
     assert a["records"] == len(lines)
     assert a["malformed"]["by_kind"] == dict(sorted(kinds.items()))
-    assert a["duplicates"]["count"] == n_dup and a["dropped"]["count"] == sum(kinds.values()) + n_dup
+    assert a["duplicates"]["count"] == n_dup and a["dropped"]["count"] == sum(kinds.values()) - kinds["empty_file"] + n_dup
     assert a["kept"] == len(want) and a["degenerate"]["count"] == 0 and a["truncated"]["count"] == 0
     ds = read_shards(tmp / "one")
     got = {}
