@@ -240,7 +240,7 @@ def _where(r: dict) -> str:
 
 def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo. Expected failures: one line, exit 2."
-    return run_cli(_main, argv, prog="dflash_nb.train")
+    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError,))   # shapes that do not fit the target, an unknown arch, ...
 
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception): sys.stdout.reconfigure(line_buffering=True)  # progress reaches log files as it happens
