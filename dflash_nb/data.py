@@ -194,10 +194,10 @@ def conversation_samples(msgs: list[dict], all_turns: bool = False) -> list[tupl
 # %% ../nbs/01_data.ipynb #93adb8ad
 class ChatRenderer:
     "Render conversations with a tokenizer's own chat template and its keyword arguments; `span` gives the generated part of the last turn."
-    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None, template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None, chat_template_kwargs: dict | None = None):
         from transformers.utils.chat_template_utils import render_jinja_template
         self._render, self.template = render_jinja_template, _chat_template(tokenizer)
-        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking, **(template_kwargs or {})}
+        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking, **(chat_template_kwargs or {})}
         self.thinking = self.kwargs["enable_thinking"] is not False
         self.end_of_turn = end_of_turn or tokenizer.eos_token
         if not self.end_of_turn: raise ConfigError("the tokenizer has no eos_token: set DataConfig.end_of_turn")
