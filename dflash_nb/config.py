@@ -4,24 +4,32 @@
 
 # %% ../nbs/00_config.ipynb #578e8fd3
 from __future__ import annotations
-import dataclasses, types, typing, yaml, sys
+import dataclasses, math, traceback, types, typing, yaml, sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['ConfigError', 'opt', 'from_dict', 'to_dict', 'parse_override', 'apply_overrides', 'load_config', 'save_config',
-           'config_help', 'parse_cli']
+__all__ = ['ExpectedError', 'ConfigError', 'opt', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
+           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli']
 
 # %% ../nbs/00_config.ipynb #d83dc227
-class ConfigError(ValueError):
+class ExpectedError(Exception):
+    "A failure the user can fix (a bad config value, a missing or corrupt file, refused data): CLIs print its one line and exit 2."
+
+class ConfigError(ExpectedError, ValueError):
     "A config key or value that does not fit the dataclass schema."
 
-def opt(default, help: str = ""):
-    "A dataclass field with a `default` (copied when mutable) and a `help` string."
+def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None):
+    """A dataclass field with a `default` (copied when mutable) and a `help` string; `from_dict` enforces the rest:
+    `min`/`max` (inclusive) and `gt` (exclusive) bound a number, or every number of a list; `check(value, cfg)` returns
+    an error text (or None) for rules that involve other fields; `keys()` returns the dataclass (or the names) that the
+    keys of a dict field must fit."""
+    meta = {"help": help, **{k: v for k, v in dict(min=min, max=max, gt=gt, check=check, keys=keys).items() if v is not None}}
     if isinstance(default, (list, dict, set)) or is_dataclass(default):
         import copy
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
 
 # %% ../nbs/00_config.ipynb #f341c0c3
 def _type_name(tp) -> str:
@@ -77,15 +85,40 @@ def _coerce(value, tp, key: str):
 
 # %% ../nbs/00_config.ipynb #abcc19cd
 def from_dict(cls, data: dict | None, prefix: str = ""):
-    "Build dataclass `cls` from `data`; unknown keys and wrong types raise `ConfigError` naming the dotted key."
+    "Build dataclass `cls` from `data`; unknown keys, wrong types and values out of range raise `ConfigError` naming the dotted key."
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
     known = {f.name for f in fields(cls) if f.init}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
         raise ConfigError(f"unknown config key {prefix}{unknown[0]!s} (known keys of {cls.__name__}: {', '.join(sorted(known))})")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
-    return cls(**kwargs)
+    return validate_config(cls(**kwargs), prefix)
+
+def _out_of_range(x, m: dict) -> str | None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)): return None
+    if isinstance(x, float) and math.isnan(x) and m.keys() & {"min", "max", "gt"}: return "must be a number"
+    if "gt" in m and not x > m["gt"]: return f"must be > {m['gt']}"
+    if "min" in m and not x >= m["min"]: return f"must be >= {m['min']}"
+    if "max" in m and not x <= m["max"]: return f"must be <= {m['max']}"
+    return None
+
+def validate_config(cfg, prefix: str = ""):
+    "Check every field of dataclass `cfg`, nested sections included, against its `opt` ranges, `keys` and `check`; returns `cfg`."
+    fs = [(f, getattr(cfg, f.name), prefix + f.name) for f in fields(cfg)]
+    for f, v, key in fs:
+        if is_dataclass(v): validate_config(v, key + "."); continue
+        if v is None: continue
+        for i, x in enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]:
+            if why := _out_of_range(x, f.metadata): raise ConfigError(f"{key}{'' if i is None else f'[{i}]'}: {why}, got {x!r}")
+        if "keys" in f.metadata and isinstance(v, dict):
+            schema = f.metadata["keys"]()
+            if is_dataclass(schema): from_dict(schema, v, key + ".")      # keys, types and ranges of the section it feeds
+            elif unknown := sorted(set(v) - set(schema), key=str):
+                raise ConfigError(f"unknown config key {key}.{unknown[0]!s} (known keys of {key}: {', '.join(sorted(schema))})")
+    for f, v, key in fs:                                                    # rules across fields, once each field is sound
+        if "check" in f.metadata and (why := f.metadata["check"](v, cfg)): raise ConfigError(f"{key}: {why}, got {v!r}")
+    return cfg
 
 def to_dict(cfg) -> dict:
     "Plain (YAML-safe) dict of a dataclass config, recursively."
@@ -96,6 +129,7 @@ def to_dict(cfg) -> dict:
         if isinstance(v, Path): return str(v)
         return v
     return conv(cfg)
+
 
 # %% ../nbs/00_config.ipynb #ce01543c
 def _set_dotted(d: dict, key: str, value):
@@ -143,8 +177,11 @@ def save_config(cfg, path) -> Path:
     return path
 
 # %% ../nbs/00_config.ipynb #45233899
+def _range_text(m) -> str:
+    return ", ".join(f"{op} {m[k]}" for k, op in (("gt", ">"), ("min", ">="), ("max", "<=")) if k in m)
+
 def config_help(cls, prefix: str = "") -> str:
-    "One line per field, `key (type, default): help`, nested sections flattened with dotted keys."
+    "One line per field, `key (type, default[, range]): help`, nested sections flattened with dotted keys."
     lines, hints = [], typing.get_type_hints(cls)
     for f in fields(cls):
         tp = hints[f.name]
@@ -152,7 +189,8 @@ def config_help(cls, prefix: str = "") -> str:
             lines.append(config_help(tp, prefix + f.name + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"
-        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}): {f.metadata.get('help', '')}")
+        r = _range_text(f.metadata)
+        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}{', ' + r if r else ''}): {f.metadata.get('help', '')}")
     return "\n".join(lines)
 
 def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
@@ -168,3 +206,24 @@ def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
         elif a.startswith("--config="): path = a.split("=", 1)[1]
         else: overrides.append(a)
     return load_config(cls, path, overrides)
+
+# %% ../nbs/00_config.ipynb #9202d99a
+def error_line(err: BaseException) -> str:
+    "One line for an expected failure: its message, with the file an `OSError` is about."
+    msg = str(err)
+    if isinstance(err, OSError) and err.filename is not None and err.strerror:
+        msg = f"{err.filename}: {err.strerror}"
+    return " ".join((msg or type(err).__name__).split())
+
+def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
+    "Exit code of `main(argv)` (0 unless it returns an int): expected failures print `prog: error: <one line>` and give 2; bugs raise; `--debug` also prints tracebacks."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    try: rc = main(argv)
+    except (ExpectedError, OSError, *expected) as err:
+        if debug: traceback.print_exc()
+        print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
+        return 2
+    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
+

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_data.ipynb #e503eb52
 from __future__ import annotations
-import dataclasses, glob, hashlib, importlib, importlib.util, io, json, math, os, random, re, sys, time, typing
+import dataclasses, glob, hashlib, importlib, importlib.util, io, json, math, os, random, re, signal, sys, threading, time, typing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,16 +12,17 @@ from typing import Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
-from .config import opt, ConfigError, load_config, to_dict
+from .config import opt, ConfigError, ExpectedError, load_config, to_dict, validate_config, run_cli
 
 # %% auto #0
-__all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 'template_fingerprint', 'tokenizer_fingerprint',
-           'DataConfig', 'RecordError', 'split_think', 'normalize_record', 'conversation_samples', 'ChatRenderer',
-           'loss_mask_naive', 'mask_range_from_offsets', 'mask_range', 'Encoded', 'SampleEncoder', 'InputFile',
-           's3_client', 'list_inputs', 'S3RangeReader', 'open_input', 'ShardTask', 'plan_shards', 'iter_range_lines',
-           'parse_line', 'shard_path', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError',
-           'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'check_template', 'ShardDataset',
-           'read_shards', 'synthetic_records', 'write_jsonl', 'main']
+__all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 'template_fingerprint', 'tokenizer_parts',
+           'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_record',
+           'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets', 'mask_range',
+           'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 's3_client', 'list_inputs', 'S3RangeReader',
+           'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
+           'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
+           'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
+           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main']
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
@@ -35,11 +36,17 @@ def qwen3_tokenizer_dir() -> Path:
     return d
 
 def load_tokenizer(path):
-    "The fast (Rust-backed) Hugging Face tokenizer in directory `path` (a model directory or `qwen3_tokenizer_dir()`)."
+    "The fast (Rust-backed) Hugging Face tokenizer in directory `path`; a model-hub name only when asked for explicitly, as `hub:NAME`."
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
-    tok = AutoTokenizer.from_pretrained(str(path))
+    name = str(path)
+    if name.startswith("hub:"): name = name[4:]
+    elif not Path(name).is_dir():
+        raise ConfigError(f"tokenizer {name}: no such directory (to download it from the Hugging Face hub, write hub:{name})")
+    try: tok = AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"tokenizer {name}: cannot load it: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(tok, PreTrainedTokenizerFast):
-        raise TypeError(f"{path}: need a fast tokenizer (tokenizer.json) for offset mapping, got {type(tok).__name__}")
+        raise ConfigError(f"tokenizer {name}: need a fast tokenizer (tokenizer.json) for offset mapping, got {type(tok).__name__}")
     return tok
 
 # %% ../nbs/01_data.ipynb #0438c2d4
@@ -50,43 +57,61 @@ def _chat_template(tokenizer) -> str:
     t = tokenizer.chat_template
     if isinstance(t, dict): t = t.get("default")
     if not isinstance(t, str) or not t:
-        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; the data pipeline renders with the target's own template")
+        raise ConfigError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; the data pipeline renders with the target's own template")
     return t
 
-def template_fingerprint(tokenizer) -> str:
-    "sha256 (16 hex digits) of the tokenizer's chat template text."
-    return _sha(_chat_template(tokenizer))[:16]
+def template_fingerprint(tokenizer, kwargs: dict | None = None) -> str:
+    "sha256 (16 hex digits) of the chat template's text and of the keyword arguments it renders with (`enable_thinking`, `preserve_thinking`, ...)."
+    return _sha(_chat_template(tokenizer) + "\0" + json.dumps(kwargs or {}, sort_keys=True, default=str))[:16]
+
+def tokenizer_parts(tokenizer) -> dict:
+    "A 16-hex-digit hash of each part of a fast tokenizer that decides its ids: class, model (vocabulary, merges), normalizer, pre-tokenizer, post-processor, decoder, added and special tokens."
+    j = json.loads(tokenizer.backend_tokenizer.to_str())
+    parts = {"class": type(tokenizer).__name__, "model": j.get("model"), "normalizer": j.get("normalizer"),
+             "pre_tokenizer": j.get("pre_tokenizer"), "post_processor": j.get("post_processor"), "decoder": j.get("decoder"),
+             "added_tokens": j.get("added_tokens"), "special_tokens": dict(tokenizer.special_tokens_map)}
+    return {k: _sha(json.dumps(v, sort_keys=True, ensure_ascii=False))[:16] for k, v in parts.items()}
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    "sha256 (16 hex digits) of the vocabulary, token → id, added tokens included."
-    return _sha(json.dumps(sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]), ensure_ascii=False))[:16]
+    "sha256 (16 hex digits) over all of `tokenizer_parts`."
+    return _sha(json.dumps(tokenizer_parts(tokenizer), sort_keys=True))[:16]
 
 # %% ../nbs/01_data.ipynb #faea421c
 @dataclass
 class DataConfig:
     "How raw conversations become training shards (the fields marked * change the shards' content)."
-    max_seq_len: int = opt(8192, "* longest sample in tokens; longer ones are truncated or dropped (see overlong)")
+    max_seq_len: int = opt(8192, "* longest sample in tokens; longer ones are truncated or dropped (see overlong)", min=2)
     overlong: typing.Literal["truncate", "drop"] = opt("truncate", "* what happens to samples longer than max_seq_len")
-    min_loss_tokens: int = opt(16, "* samples with fewer loss tokens are dropped as degenerate")
-    max_degenerate_fraction: float = opt(0.1, "the run fails when a larger share of samples is degenerate, unless force")
-    force: bool = opt(False, "finish (write the manifest) even when the degenerate share is over the limit")
+    min_loss_tokens: int = opt(16, "* samples with fewer loss tokens are dropped as degenerate", min=0)
+    max_degenerate_fraction: float = opt(0.1, "the run fails when a larger share of samples is degenerate, unless force", min=0, max=1)
+    max_malformed_fraction: float = opt(0.01, "the run fails when a larger share of records is malformed or dropped (unknown role, template error, duplicate, ...: the reasons table), unless force", min=0, max=1)
+    max_stripped_reasoning_fraction: float = opt(0.1, "with thinking off the template renders no reasoning for the trained turn, so a record's reasoning is stripped; the run fails when a larger share of samples lost theirs, unless force", min=0, max=1)
+    force: bool = opt(False, "finish (write the manifest) even when the audit fails: too many degenerate, malformed or stripped samples")
     all_turns: bool = opt(False, "* one sample per assistant turn instead of the final assistant turn only")
-    enable_thinking: bool = opt(True, "* render with the template's thinking mode on")
+    enable_thinking: bool = opt(True, "* render with the template's thinking mode on (shortcut for chat_template_kwargs.enable_thinking)")
+    chat_template_kwargs: dict = opt({}, "* keyword arguments of the chat template, e.g. {preserve_thinking: true}; they win over enable_thinking")
     end_of_turn: Optional[str] = opt(None, "* text that ends an assistant turn (None: the tokenizer's eos_token)")
     field_map: dict[str, str] = opt({}, "* rename keys before shape detection, in records and in messages, e.g. {question: prompt, answer: completion, conversations: messages, from: role, value: content}")
     role_map: dict[str, str] = opt({"human": "user", "gpt": "assistant"}, "* rename message roles (ShareGPT's human/gpt by default)")
-    shard_bytes: int = opt(64 << 20, "* input bytes per shard: every input file is cut into byte ranges of this size, at line boundaries")
-    batch_size: int = opt(256, "* records per tokenizer batch and per Arrow record batch")
-    workers: int = opt(0, "worker processes, each tokenizing single-threaded; 0 = one per CPU core")
+    roles: list[str] = opt(["system", "user", "assistant", "tool"], "* roles the chat template renders; a message with another role (after role_map) makes its record malformed (unknown_role)")
+    dedupe: bool = opt(True, "* samples whose conversation repeats an earlier one (content hash) are left out of the data set and counted as duplicate")
+    shard_bytes: int = opt(64 << 20, "* input bytes per shard: every input file is cut into byte ranges of this size, at line boundaries", min=1)
+    batch_size: int = opt(256, "* records per tokenizer batch and per Arrow record batch", min=1)
+    workers: int = opt(0, "worker processes, each tokenizing single-threaded; 0 = one per CPU core", min=0)
     start_method: typing.Literal["auto", "fork", "forkserver", "spawn"] = opt("auto", "how workers start: auto = fork on Linux (they inherit the loaded tokenizer), spawn elsewhere")
+    replace: bool = opt(False, "replace a data set of another tokenizer, template or content setting in the output directory (only the files this program wrote are deleted)")
     s3_endpoint_url: Optional[str] = opt(None, "S3 endpoint URL (None: boto3's default chain, e.g. AWS_ENDPOINT_URL)")
-    s3_page_size: int = opt(1000, "keys per S3 list request")
-    s3_retries: int = opt(5, "retries of a failed S3 request or interrupted read, with exponential backoff")
-    s3_backoff_s: float = opt(0.5, "first S3 retry delay in seconds; doubles on each retry")
-    max_examples: int = opt(5, "malformed-input examples kept per kind in the manifest")
+    s3_page_size: int = opt(1000, "keys per S3 list request", min=1, max=1000)
+    s3_retries: int = opt(5, "retries of a failed S3 request or interrupted read, with exponential backoff", min=0)
+    s3_backoff_s: float = opt(0.5, "first S3 retry delay in seconds; doubles on each retry", min=0)
+    max_examples: int = opt(5, "malformed-input examples kept per kind in the manifest", min=0)
 
-_CONTENT_FIELDS = ("max_seq_len", "overlong", "min_loss_tokens", "all_turns", "enable_thinking", "end_of_turn",
-                   "field_map", "role_map", "shard_bytes", "batch_size")
+    def template_kwargs(self) -> dict:
+        "The keyword arguments the chat template renders with: `enable_thinking`, then `chat_template_kwargs`."
+        return {"enable_thinking": self.enable_thinking, **self.chat_template_kwargs}
+
+_CONTENT_FIELDS = ("max_seq_len", "overlong", "min_loss_tokens", "all_turns", "enable_thinking", "chat_template_kwargs", "end_of_turn",
+                   "field_map", "role_map", "roles", "dedupe", "shard_bytes", "batch_size")
 
 # %% ../nbs/01_data.ipynb #5a83b474
 class RecordError(ValueError):
@@ -114,13 +139,15 @@ def _rename(d: dict, field_map: dict) -> dict:
     return {field_map.get(k, k): v for k, v in d.items()} if field_map else d
 
 # %% ../nbs/01_data.ipynb #2a35cb16
-def _message(m, i: int, field_map: dict, role_map: dict) -> dict:
+def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
     if not isinstance(m, dict): raise RecordError("wrong_type", f"messages[{i}] must be an object, got {type(m).__name__}")
     m = _rename(m, field_map)
     role = m.get("role")
     if role is None: raise RecordError("missing_field", f"messages[{i}] has no role")
     if not isinstance(role, str): raise RecordError("wrong_type", f"messages[{i}].role must be a string, got {type(role).__name__}")
     role = role_map.get(role, role)
+    if roles and role not in roles:
+        raise RecordError("unknown_role", f"messages[{i}].role {role[:40]!r} is not one the template renders ({', '.join(roles)}); map it with DataConfig.role_map")
     if "content" not in m and not m.get("tool_calls"): raise RecordError("missing_field", f"messages[{i}] has no content")
     content = m.get("content")
     out = {k: v for k, v in m.items() if k not in _REASONING_KEYS}
@@ -132,23 +159,24 @@ def _message(m, i: int, field_map: dict, role_map: dict) -> dict:
         if reasoning is not None: out["reasoning_content"] = reasoning
     return out
 
-def _messages(msgs, field_map: dict, role_map: dict) -> list[dict]:
+def _messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
     if not isinstance(msgs, list): raise RecordError("wrong_type", f"messages must be a list, got {type(msgs).__name__}")
-    return [_message(m, i, field_map, role_map) for i, m in enumerate(msgs)]
+    if not msgs: raise RecordError("empty_conversation", "the conversation has no messages")
+    return [_message(m, i, field_map, role_map, roles) for i, m in enumerate(msgs)]
 
-def normalize_record(rec, field_map: dict | None = None, role_map: dict | None = None) -> list[dict]:
-    "The conversation in record `rec` (any of the three shapes) as messages; assistant turns carry `reasoning_content`."
+def normalize_record(rec, field_map: dict | None = None, role_map: dict | None = None, roles=None) -> list[dict]:
+    "The conversation in record `rec` (any of the three shapes) as messages; assistant turns carry `reasoning_content`; `roles`: the only roles allowed."
     field_map, role_map = field_map or {}, role_map or {}
     if not isinstance(rec, dict): raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
     rec = _rename(rec, field_map)
     comp_key = next((k for k in _COMPLETION_KEYS if k in rec), None)
     if comp_key is None and "messages" in rec:                        # shape 1: OpenAI chat
-        msgs = _messages(rec["messages"], field_map, role_map)
+        msgs = _messages(rec["messages"], field_map, role_map, roles)
     else:                                                             # shape 2 (and 3): flat fields
         prompt = rec.get("prompt", rec.get("messages"))
         if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for other names)")
         if comp_key is None: raise RecordError("missing_field", f"no completion field ({'/'.join(_COMPLETION_KEYS)})")
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt, field_map, role_map)
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt, field_map, role_map, roles)
         if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
             msgs.insert(0, {"role": "system", "content": rec["system"]})
         reasoning = next((rec[k] for k in _REASONING_KEYS if rec.get(k) is not None), None)
@@ -165,13 +193,14 @@ def conversation_samples(msgs: list[dict], all_turns: bool = False) -> list[tupl
 
 # %% ../nbs/01_data.ipynb #93adb8ad
 class ChatRenderer:
-    "Render conversations with a tokenizer's own chat template; `span` gives the generated part of the last turn."
-    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None):
+    "Render conversations with a tokenizer's own chat template and its keyword arguments; `span` gives the generated part of the last turn."
+    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None, chat_template_kwargs: dict | None = None):
         from transformers.utils.chat_template_utils import render_jinja_template
         self._render, self.template = render_jinja_template, _chat_template(tokenizer)
-        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking}
+        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking, **(chat_template_kwargs or {})}
+        self.thinking = self.kwargs["enable_thinking"] is not False
         self.end_of_turn = end_of_turn or tokenizer.eos_token
-        if not self.end_of_turn: raise ValueError("the tokenizer has no eos_token: set DataConfig.end_of_turn")
+        if not self.end_of_turn: raise ConfigError("the tokenizer has no eos_token: set DataConfig.end_of_turn")
 
     def render(self, msgs: list[dict], add_generation_prompt: bool = False) -> str:
         "The template's text for `msgs` (what `apply_chat_template(tokenize=False)` returns)."
@@ -185,6 +214,10 @@ class ChatRenderer:
             raise RecordError("template_error", "the rendered prompt with generation prompt is not a prefix of the rendered conversation")
         end = full.rfind(self.end_of_turn, len(prompt))
         if end < 0: raise RecordError("template_error", f"no {self.end_of_turn!r} after the generation prompt")
+        for i, m in enumerate(msgs):      # a message whose text is not in the rendering was dropped by the template
+            c = m.get("content")
+            if isinstance(c, str) and c.strip() and c.strip() not in full:
+                raise RecordError("dropped_turn", f"the chat template leaves out messages[{i}] (role {m.get('role')!r})")
         return full, len(prompt), end + len(self.end_of_turn)
 
 # %% ../nbs/01_data.ipynb #ab50897a
@@ -216,19 +249,23 @@ class Encoded:
     lo: int
     hi: int
     empty_reasoning: bool
-    straddle: bool = False   # a token crosses the prompt/generation boundary (it is trained on)
+    straddle: bool = False             # a token crosses the prompt/generation boundary (it is trained on)
+    reasoning_stripped: bool = False   # thinking is off: the turn's reasoning was left out, as the template renders it
 
 class SampleEncoder:
     "Render + tokenize + mask a batch of conversations with one tokenizer call."
     def __init__(self, tokenizer, cfg: DataConfig | None = None):
         cfg = cfg or DataConfig()
-        self.renderer = ChatRenderer(tokenizer, cfg.enable_thinking, cfg.end_of_turn)
+        self.renderer = ChatRenderer(tokenizer, cfg.enable_thinking, cfg.end_of_turn, cfg.chat_template_kwargs)
         self.backend = tokenizer.backend_tokenizer
 
     def encode(self, convs: list[list[dict]]) -> list:
         "An `Encoded` or a `RecordError` per conversation (the last message is the turn to learn)."
-        out, texts, spans, where = [None] * len(convs), [], [], []
+        out, texts, spans, where, stripped = [None] * len(convs), [], [], [], set()
         for i, msgs in enumerate(convs):
+            r = msgs[-1].get("reasoning_content")
+            if not self.renderer.thinking and r and r.strip():     # thinking off: the model generates no reasoning
+                msgs = msgs[:-1] + [{**msgs[-1], "reasoning_content": ""}]; stripped.add(i)
             try: full, s, e = self.renderer.span(msgs)
             except RecordError as err: out[i] = err; continue
             except Exception as err: out[i] = RecordError("template_error", f"{type(err).__name__}: {err}"); continue
@@ -244,7 +281,7 @@ class SampleEncoder:
             lo, hi = mask_range(enc, s, e)
             straddle = lo < len(enc) and enc.token_to_chars(lo)[0] < s
             r = convs[i][-1].get("reasoning_content")
-            out[i] = Encoded(np.array(enc.ids, dtype=np.int32), lo, hi, r is None or not r.strip(), straddle)
+            out[i] = Encoded(np.array(enc.ids, dtype=np.int32), lo, hi, r is None or not r.strip() or i in stripped, straddle, i in stripped)
         return out
 
 # %% ../nbs/01_data.ipynb #38802a6a
@@ -255,6 +292,9 @@ class InputFile:
     name: str
     size: int
 
+class InputError(ExpectedError):
+    "An input that cannot be listed or read (the message names it)."
+
 _GLOB = set("*?[")
 def _has_glob(s: str) -> bool: return any(c in _GLOB for c in s)
 def _is_data_name(n: str) -> bool: return n.endswith((".jsonl", ".json"))
@@ -263,19 +303,8 @@ def _glob_base(pattern: str) -> str:
     "The leading part of `pattern` before the first path component with a glob character."
     parts = pattern.split("/")
     i = next(i for i, p in enumerate(parts) if _has_glob(p))
-    return "/".join(parts[:i])
+    return "/".join(parts[:i]) or ("/" if pattern.startswith("/") else "")
 
-def _list_local(spec: str) -> list[InputFile]:
-    p = Path(spec)
-    if _has_glob(spec):
-        base, paths = Path(_glob_base(spec) or "."), [Path(x) for x in glob.glob(spec, recursive=True)]
-        paths = [x for x in paths if x.is_file()]
-    elif p.is_dir(): base, paths = p, [x for x in p.rglob("*") if x.is_file() and _is_data_name(x.name)]
-    elif p.is_file(): base, paths = p.parent, [p]
-    else: raise FileNotFoundError(f"input {spec} does not exist")
-    return sorted((InputFile(str(x), x.relative_to(base).as_posix(), x.stat().st_size) for x in paths), key=lambda f: f.name)
-
-# %% ../nbs/01_data.ipynb #fc80707c
 def _glob_regex(pattern: str) -> "re.Pattern":
     "Regex with local glob semantics for S3 keys: `*` and `?` stay within one path component, `**/` spans any number."
     out, i = [], 0
@@ -290,6 +319,44 @@ def _glob_regex(pattern: str) -> "re.Pattern":
             out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]"); i = j + 1
         else: out.append(re.escape(pattern[i])); i += 1
     return re.compile("".join(out) + r"\Z")
+
+def _walk_files(base: Path):
+    "Files below `base` (hidden entries skipped), following directory links but never into a directory seen before: a symlink loop is walked once."
+    seen, stack = set(), [base]
+    while stack:
+        d = stack.pop()
+        try: st = d.stat()
+        except OSError: continue                                   # a dangling link
+        if (st.st_dev, st.st_ino) in seen: continue
+        seen.add((st.st_dev, st.st_ino))
+        try: entries = sorted(os.scandir(d), key=lambda e: e.name, reverse=True)
+        except OSError as err: raise InputError(f"input directory {d}: cannot list it ({err.strerror})") from None
+        for e in entries:
+            if e.name.startswith("."): continue
+            try:
+                if e.is_dir(): stack.append(Path(e.path))
+                elif e.is_file(): yield Path(e.path)
+            except OSError: continue
+
+def _list_local(spec: str) -> list[InputFile]:
+    p = Path(spec)
+    if _has_glob(spec):
+        b = _glob_base(spec)
+        base, rx = Path(b or "."), _glob_regex(spec[len(b):].lstrip("/") if b else spec)
+        paths = [x for x in _walk_files(base) if rx.match(x.relative_to(base).as_posix())]
+    elif p.is_dir(): base, paths = p, [x for x in _walk_files(p) if _is_data_name(x.name)]
+    elif p.is_file(): base, paths = p.parent, [p]
+    else: raise InputError(f"input {spec} does not exist")
+    out, real = [], set()
+    for x in sorted(paths, key=lambda x: x.relative_to(base).as_posix()):
+        r = os.path.realpath(x)
+        if r in real: continue                                     # the same file under two names (links)
+        real.add(r)
+        try:
+            with open(x, "rb"): pass
+        except OSError as err: raise InputError(f"input file {x}: cannot read it ({err.strerror})") from None
+        out.append(InputFile(str(x), x.relative_to(base).as_posix(), x.stat().st_size))
+    return out
 
 # %% ../nbs/01_data.ipynb #44993fc3
 _S3_CLIENTS: dict = {}
@@ -307,7 +374,7 @@ def s3_client(cfg: DataConfig | None = None):
 
 def _split_s3(uri: str) -> tuple[str, str]:
     bucket, _, key = uri[len("s3://"):].partition("/")
-    if not bucket: raise ValueError(f"{uri}: no bucket")
+    if not bucket: raise InputError(f"{uri}: no bucket")
     return bucket, key
 
 def _s3_keys(client, bucket: str, prefix: str, page_size: int):
@@ -316,6 +383,16 @@ def _s3_keys(client, bucket: str, prefix: str, page_size: int):
             if not o["Key"].endswith("/"): yield o["Key"], o["Size"]
 
 def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
+    try: objs, base = _s3_objects(spec, cfg)
+    except (InputError, FileNotFoundError): raise
+    except Exception as err:                          # credentials, endpoint, no bucket, access denied: one line naming the input
+        raise InputError(f"input {spec}: S3 error: {' '.join(str(err).split())[:300]}") from None
+    if not objs: raise InputError(f"input {spec} matches no objects")
+    bucket = _split_s3(spec)[0]
+    strip = len(base) + 1 if base else 0
+    return sorted((InputFile(f"s3://{bucket}/{k}", k[strip:], n) for k, n in objs), key=lambda f: f.name)
+
+def _s3_objects(spec: str, cfg: DataConfig) -> tuple[list, str]:
     bucket, key = _split_s3(spec)
     client = s3_client(cfg)
     if _has_glob(key):
@@ -333,9 +410,7 @@ def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
             base = key.rstrip("/")
             prefix = base + "/" if base else ""
             objs = [(k, n) for k, n in _s3_keys(client, bucket, prefix, cfg.s3_page_size) if _is_data_name(k)]
-    if not objs: raise FileNotFoundError(f"input {spec} matches no objects")
-    strip = len(base) + 1 if base else 0
-    return sorted((InputFile(f"s3://{bucket}/{k}", k[strip:], n) for k, n in objs), key=lambda f: f.name)
+    return objs, base
 
 def list_inputs(specs, cfg: DataConfig | None = None) -> list[InputFile]:
     "Every input file of `specs` (paths, globs, directories, s3:// URIs), in argument order then by name."
@@ -344,11 +419,12 @@ def list_inputs(specs, cfg: DataConfig | None = None) -> list[InputFile]:
     files, seen = [], {}
     for spec in map(str, specs):
         for f in (_list_s3(spec, cfg) if spec.startswith("s3://") else _list_local(spec)):
-            if f.uri in seen: continue
+            where = f.uri if f.uri.startswith("s3://") else os.path.realpath(f.uri)
+            if where in seen: continue                      # the same file from two inputs (or two names of it)
             if f.name in seen.values():
                 raise ConfigError(f"two inputs have the same name {f.name!r} ({f.uri}); shards are keyed by name, rename one")
-            seen[f.uri] = f.name; files.append(f)
-    if not files: raise FileNotFoundError(f"no input files in {specs}")
+            seen[where] = f.name; files.append(f)
+    if not files: raise InputError(f"no input files in {specs}")
     return files
 
 # %% ../nbs/01_data.ipynb #04c9f9da
@@ -407,27 +483,33 @@ def open_input(f: InputFile, start: int = 0, cfg: DataConfig | None = None):
 # %% ../nbs/01_data.ipynb #5561eff9
 @dataclass(frozen=True)
 class ShardTask:
-    "Shard `index`: lines of `file` starting in bytes [start, end); `key` identifies the plan it belongs to."
+    "Shard `index`: lines of `file` starting in bytes [start, end); `key` identifies the plan it belongs to, `dataset` the data set (`dataset_id`)."
     index: int
     file: InputFile
     chunk: int
     start: int
     end: int
     key: str
+    dataset: str = ""
+
+def dataset_id(cfg: DataConfig, fingerprints: dict) -> str:
+    "Identity of a data set (16 hex digits): format, tokenizer and template fingerprints, content settings. Shards and manifest carry it."
+    content = {k: getattr(cfg, k) for k in _CONTENT_FIELDS}
+    return _sha(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True, default=str))[:16]
 
 def plan_shards(files: list[InputFile], cfg: DataConfig, fingerprints: dict) -> list[ShardTask]:
     "Deterministic shard plan: every file cut into `shard_bytes` ranges, numbered in input order."
     content = {k: getattr(cfg, k) for k in _CONTENT_FIELDS}
-    tasks = []
+    tasks, ds = [], dataset_id(cfg, fingerprints)
     for f in files:
         for c in range(max(1, math.ceil(f.size / cfg.shard_bytes))):
             start, end = c * cfg.shard_bytes, min(f.size, (c + 1) * cfg.shard_bytes)
             key = _sha(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints, "name": f.name, "size": f.size,
-                                   "range": [start, end]}, sort_keys=True))[:16]
-            tasks.append(ShardTask(len(tasks), f, c, start, end, key))
+                                   "range": [start, end]}, sort_keys=True, default=str))[:16]
+            tasks.append(ShardTask(len(tasks), f, c, start, end, key, ds))
     return tasks
 
-SHARD_FORMAT = "dflash_nb.data/1"
+SHARD_FORMAT = "dflash_nb.data/2"
 
 def iter_range_lines(stream, start: int, end: int):
     "(line number within the range, byte offset, line bytes) for the lines starting in [start, end); `stream` is at `start - 1` when start > 0."
@@ -443,11 +525,13 @@ def iter_range_lines(stream, start: int, end: int):
 
 # %% ../nbs/01_data.ipynb #b688b088
 def parse_line(line: bytes):
-    "The JSON value on one input line; RecordError('bad_utf8' | 'bad_json') otherwise."
+    "The JSON value on one input line; RecordError('bad_utf8' | 'bad_json') otherwise, also for nesting too deep or numbers too long to read."
     try: text = line.decode("utf-8")
     except UnicodeDecodeError as err: raise RecordError("bad_utf8", f"invalid UTF-8 at byte {err.start}") from None
     try: return json.loads(text)
     except json.JSONDecodeError as err: raise RecordError("bad_json", f"{err.msg} (character {err.pos})") from None
+    except RecursionError: raise RecordError("bad_json", "nested too deeply") from None
+    except ValueError as err: raise RecordError("bad_json", " ".join(str(err).split())[:200]) from None
 
 # %% ../nbs/01_data.ipynb #0097b35b
 SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
@@ -469,10 +553,14 @@ def _record_batch(rows: list) -> pa.RecordBatch:
                                        pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())], schema=SCHEMA)
 
 def _new_stats(task: ShardTask) -> dict:
-    return {"key": task.key, "index": task.index, "name": task.file.name, "chunk": task.chunk, "range": [task.start, task.end],
-            "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0, "loss_tokens": 0, "empty_reasoning": 0,
-            "truncated": 0, "dropped_overlong": 0, "degenerate": 0, "degenerate_loss_hist": {}, "boundary_straddle": 0,
-            "malformed": {}, "examples": []}
+    return {"key": task.key, "dataset": task.dataset, "index": task.index, "name": task.file.name, "chunk": task.chunk,
+            "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0, "loss_tokens": 0,
+            "empty_reasoning": 0, "reasoning_stripped": 0, "truncated": 0, "dropped_overlong": 0, "degenerate": 0,
+            "degenerate_loss_hist": {}, "boundary_straddle": 0, "malformed": {}, "examples": [], "row_hashes": []}
+
+def sample_hash(conv: list[dict]) -> str:
+    "Content hash (16 hex digits) of one sample's conversation, what duplicates are found by."
+    return _sha(json.dumps(conv, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))[:16]
 
 def _malformed(st: dict, kind: str, line: int, offset: int, msg: str):
     st["malformed"][kind] = st["malformed"].get(kind, 0) + 1
@@ -485,9 +573,10 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
 
     def flush():
         results = encoder.encode([conv for *_, conv in pending])
-        for (line, off, src, _), res in zip(pending, results):
+        for (line, off, src, h, _), res in zip(pending, results):
             if isinstance(res, RecordError): _malformed(st, res.kind, line, off, str(res)); continue
             st["samples"] += 1; st["empty_reasoning"] += res.empty_reasoning; st["boundary_straddle"] += res.straddle
+            st["reasoning_stripped"] += res.reasoning_stripped
             ids, lo, hi = res.ids, res.lo, res.hi
             if len(ids) > cfg.max_seq_len:
                 st["truncated"] += 1
@@ -495,29 +584,40 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
                 ids, hi = ids[:cfg.max_seq_len], min(hi, cfg.max_seq_len)
             n_loss = max(0, hi - lo)
             if n_loss < cfg.min_loss_tokens:
-                st["degenerate"] += 1; h = st["degenerate_loss_hist"]; h[str(n_loss)] = h.get(str(n_loss), 0) + 1; continue
-            rows.append((ids, lo, max(lo, hi), src)); st["kept"] += 1; st["tokens"] += len(ids); st["loss_tokens"] += n_loss
+                st["degenerate"] += 1; hist = st["degenerate_loss_hist"]; hist[str(n_loss)] = hist.get(str(n_loss), 0) + 1; continue
+            rows.append((ids, lo, max(lo, hi), src)); st["row_hashes"].append(h)
+            st["kept"] += 1; st["tokens"] += len(ids); st["loss_tokens"] += n_loss
         pending.clear()
         if rows: batches.append(_record_batch(rows)); rows.clear()
 
-    with open_input(task.file, max(0, task.start - 1), cfg) as fh:
-        for line, off, raw in iter_range_lines(fh, task.start, task.end):
-            st["lines"] += 1
-            if off == 0 and raw.startswith(b"\xef\xbb\xbf"): raw = raw[3:]     # a UTF-8 byte-order mark opening the file
-            if not raw.strip(): continue
-            st["records"] += 1
-            try:
-                msgs = normalize_record(parse_line(raw), cfg.field_map, cfg.role_map)
-                convs = conversation_samples(msgs, cfg.all_turns)
-                if not convs: raise RecordError("no_assistant", "no assistant turn after a first message")
-            except RecordError as err: _malformed(st, err.kind, line, off, str(err)); continue
-            for turn, conv in convs:
-                pending.append((line, off, f"{task.file.name}@{off}" + (f"#{turn}" if cfg.all_turns else ""), conv))
-            if len(pending) >= cfg.batch_size: flush()
+    for line, off, raw in _read_range(task, cfg):
+        st["lines"] += 1
+        if off == 0 and raw.startswith(b"\xef\xbb\xbf"): raw = raw[3:]     # a UTF-8 byte-order mark opening the file
+        if not raw.strip(): continue
+        st["records"] += 1
+        try:
+            msgs = normalize_record(parse_line(raw), cfg.field_map, cfg.role_map, cfg.roles)
+            convs = conversation_samples(msgs, cfg.all_turns)
+            if not convs: raise RecordError("no_assistant", "no assistant turn after a first message")
+            hashes = [sample_hash(conv) for _, conv in convs]
+        except RecordError as err: _malformed(st, err.kind, line, off, str(err)); continue
+        except Exception as err:                     # whatever else one line can do (deep nesting, odd values): counted, never a crash
+            _malformed(st, "bad_record", line, off, f"{type(err).__name__}: {err}"); continue
+        for (turn, conv), h in zip(convs, hashes):
+            pending.append((line, off, f"{task.file.name}@{off}" + (f"#{turn}" if cfg.all_turns else ""), h, conv))
+        if len(pending) >= cfg.batch_size: flush()
     flush()
     if task.chunk == 0 and task.end == task.file.size and st["records"] == 0: _malformed(st, "empty_file", -1, 0, "the file holds no records")
     _write_atomic(shard_path(out_dir, task.index), batches, st)
     return st
+
+def _read_range(task: ShardTask, cfg: DataConfig):
+    "The lines of `task`'s byte range; a file or object that cannot be read is an `InputError` naming it."
+    try:
+        with open_input(task.file, max(0, task.start - 1), cfg) as fh:
+            yield from iter_range_lines(fh, task.start, task.end)
+    except Exception as err:
+        raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
 
 def _write_atomic(path: Path, batches: list, stats: dict):
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -549,12 +649,13 @@ def shard_stats(path) -> Optional[dict]:
 # %% ../nbs/01_data.ipynb #ef45ffa7
 _PCTS = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 100)
 
-def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig) -> dict:
-    "Data-set audit from per-shard statistics and the kept samples' loss lengths."
-    tot = lambda k: sum(s[k] for s in stats)
+def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig, duplicates: dict | None = None) -> dict:
+    "Data-set audit from per-shard statistics, the kept samples' loss lengths and the duplicates found across shards."
+    dup = duplicates or {"count": 0, "tokens": 0, "loss_tokens": 0, "examples": []}
+    tot = lambda k: sum(s.get(k, 0) for s in stats)
     deg = [np.full(c, int(n), dtype=np.int64) for s in stats for n, c in sorted(s["degenerate_loss_hist"].items())]
     lengths = np.concatenate([np.asarray(loss_lengths, dtype=np.int64), *deg])
-    samples = tot("samples")
+    samples, records = tot("samples"), tot("records")
     share = lambda n: round(n / samples, 6) if samples else 0.0
     kinds: dict[str, int] = {}
     for s in stats:
@@ -566,39 +667,58 @@ def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig) -> dict:
             where = f"{s['name']}" if line < 0 else f"{s['name']}:{base + line + 1}"
             examples.append((kind, f"{where}: {kind}: {msg}"))
     per_kind = {k: [e for kk, e in examples if kk == k][:cfg.max_examples] for k in sorted(kinds)}
+    reasons = {k: n for k, n in kinds.items() if k != "empty_file"}      # an empty file is not a record
+    if dup["count"]: reasons["duplicate"] = dup["count"]
+    n_bad = sum(reasons.values())
     return {
-        "records": tot("records"), "samples": samples, "kept": tot("kept"), "tokens": tot("tokens"), "loss_tokens": tot("loss_tokens"),
+        "records": records, "samples": samples, "kept": tot("kept") - dup["count"], "tokens": tot("tokens") - dup["tokens"],
+        "loss_tokens": tot("loss_tokens") - dup["loss_tokens"],
         "loss_tokens_percentiles": {f"p{q}": int(np.percentile(lengths, q, method="lower")) for q in _PCTS} if len(lengths) else {},
         "empty_reasoning": {"count": tot("empty_reasoning"), "share": share(tot("empty_reasoning"))},
+        "reasoning_stripped": {"count": tot("reasoning_stripped"), "share": share(tot("reasoning_stripped")),
+                               "max_fraction": cfg.max_stripped_reasoning_fraction},
         "truncated": {"count": tot("truncated"), "share": share(tot("truncated")), "dropped": tot("dropped_overlong"), "max_seq_len": cfg.max_seq_len},
         "degenerate": {"count": tot("degenerate"), "share": share(tot("degenerate")), "min_loss_tokens": cfg.min_loss_tokens,
                        "max_fraction": cfg.max_degenerate_fraction},
         "malformed": {"count": sum(kinds.values()), "by_kind": dict(sorted(kinds.items())), "examples": per_kind},
+        "duplicates": {"count": dup["count"], "examples": dup["examples"][:cfg.max_examples]},
+        "dropped": {"count": n_bad, "share": round(n_bad / records, 6) if records else 0.0, "max_fraction": cfg.max_malformed_fraction,
+                    "by_reason": dict(sorted(reasons.items()))},
         "boundary_straddle": tot("boundary_straddle"),
     }
 
 # %% ../nbs/01_data.ipynb #3d15b45c
 def format_audit(a: dict, title: str = "data audit") -> str:
-    "The audit as a plain-text table."
+    "The audit as a plain-text table, with the reasons records were dropped and examples of each."
     n = lambda x: f"{x:,}"
     pct = lambda d: f"{d['count']:>12,}  ({d['share']:.1%} of samples)"
     p = a["loss_tokens_percentiles"]
+    d = a["dropped"]
     rows = [("records read", f"{a['records']:>12,}"), ("samples", f"{a['samples']:>12,}"),
             ("kept", f"{a['kept']:>12,}"), ("tokens", f"{a['tokens']:>12,}"),
             ("loss tokens", f"{a['loss_tokens']:>12,}  ({a['loss_tokens'] / max(1, a['tokens']):.1%} of tokens)"),
             ("loss tokens/sample", "  ".join(f"{k} {n(v)}" for k, v in p.items() if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100")) or "-"),
             ("empty reasoning", pct(a["empty_reasoning"])),
+            ("reasoning stripped", pct(a["reasoning_stripped"]) + f"  limit {a['reasoning_stripped']['max_fraction']:.0%}"),
             (f"truncated (>{n(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
             (f"degenerate (<{a['degenerate']['min_loss_tokens']} loss)", pct(a["degenerate"]) + f"  limit {a['degenerate']['max_fraction']:.0%}"),
-            ("malformed", f"{a['malformed']['count']:>12,}  " + ", ".join(f"{k} {v}" for k, v in a["malformed"]["by_kind"].items()))]
+            ("dropped records", f"{d['count']:>12,}  ({d['share']:.1%} of records)  limit {d['max_fraction']:.0%}  "
+                                + ", ".join(f"{k} {v}" for k, v in d["by_reason"].items()))]
     w = max(len(k) for k, _ in rows)
     lines = [title] + [f"  {k:<{w}}  {v}" for k, v in rows]
     lines += [f"      {e}" for ex in a["malformed"]["examples"].values() for e in ex]
+    lines += [f"      {e}" for e in a["duplicates"]["examples"]]
     return "\n".join(lines)
 
 # %% ../nbs/01_data.ipynb #576c0bd6
-class DataAuditError(RuntimeError):
-    "The tokenized data set failed its audit (e.g. too many degenerate samples)."
+class DataAuditError(ExpectedError, RuntimeError):
+    "The tokenized data set failed its audit (too many degenerate, malformed or dropped samples)."
+
+class CorruptFileError(ExpectedError, ValueError):
+    "A shard or manifest that cannot be read (the message names it)."
+
+class OutDirError(ExpectedError):
+    "An output directory this run must not write to: it holds another data set, or files this program did not write."
 
 @dataclass
 class TokenizerSpec:
@@ -619,14 +739,30 @@ class TokenizerSpec:
             self._backend = tokenizers.Tokenizer.from_str(self.backend_json)
         return self._backend
 
+def _die_with_parent(parent: Optional[int]):
+    "Make this worker exit when its parent dies, SIGKILL included: Linux PR_SET_PDEATHSIG, and everywhere a thread that watches the parent's pid."
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)     # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError): pass
+    ppid = os.getppid()
+    if parent is not None and ppid != parent: os._exit(1)       # the parent died before we got here
+    def watch():
+        while os.getppid() == ppid: time.sleep(0.5)
+        os._exit(1)
+    threading.Thread(target=watch, name="dflash_nb-parent-watch", daemon=True).start()
+
 _WORKER: dict = {}
-def _init_forked():
+def _init_forked(parent: Optional[int] = None):
     "Set-up of a forked worker: it inherited the encoder; it must not share the parent's S3 connections."
+    _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
     _S3_CLIENTS.clear()
 
-def _init_worker(spec: dict, cfg: dict):
+def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook); the worker rebuilds the parent's exact backend tokenizer from its JSON."
+    _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
     from dflash_nb.config import from_dict
     cfg = from_dict(DataConfig, cfg)
@@ -647,6 +783,19 @@ def _degenerate_message(a: dict) -> str:
             f"reasoning. A drafter trained on this learns almost nothing (the seed project's 87%-of-samples-with-6-loss-tokens "
             f"failure). Check that the reasoning field is read (DataConfig.field_map), fix the data, or pass --force to keep the "
             f"good samples anyway (degenerate samples are always dropped).")
+
+def _dropped_message(a: dict) -> str:
+    d = a["dropped"]
+    first = next((e for ex in a["malformed"]["examples"].values() for e in ex), None) or next(iter(a["duplicates"]["examples"]), "")
+    return (f"{d['count']:,} of {a['records']:,} records ({d['share']:.1%}) were dropped, over the limit of {d['max_fraction']:.0%} "
+            f"(max_malformed_fraction): " + ", ".join(f"{k} {v:,}" for k, v in d["by_reason"].items()) + f" (e.g. {first}). "
+            f"Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force to keep the good samples.")
+
+def _stripped_message(a: dict) -> str:
+    r = a["reasoning_stripped"]
+    return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with thinking off does "
+            f"not render, so it was stripped, over the limit of {r['max_fraction']:.0%} (max_stripped_reasoning_fraction). To train "
+            f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
 
 def _atomic_json(path: Path, obj):
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -673,11 +822,12 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
         import multiprocessing as mp
         mod = importlib.import_module("dflash_nb.data")   # the workers run the package's code, also when called from a notebook
         method = cfg.start_method if cfg.start_method != "auto" else "fork" if sys.platform.startswith("linux") else "spawn"
+        parent = None if method == "forkserver" else os.getpid()   # workers exit when it dies (a forkserver's workers: when the server does)
         if method == "fork":                              # children inherit the ready encoder: no start-up cost
             mod._WORKER.update(cfg=cfg, encoder=SampleEncoder(tokenizer, cfg))
-            init, initargs = mod._init_forked, ()
+            init, initargs = mod._init_forked, (parent,)
         else:                                             # fresh interpreters rebuild it from plain data
-            init, initargs = mod._init_worker, (dataclasses.asdict(TokenizerSpec.of(tokenizer)), to_dict(cfg))
+            init, initargs = mod._init_worker, (dataclasses.asdict(TokenizerSpec.of(tokenizer)), to_dict(cfg), parent)
         try:
             with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=init, initargs=initargs) as pool:
                 for st, dt, dc in pool.map(mod._run_task, [dataclasses.asdict(t) for t in todo], [str(out_dir)] * len(todo)):
@@ -687,39 +837,81 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
     return stats, busy, cpu
 
 # %% ../nbs/01_data.ipynb #8984333d
+_OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp\d+)\Z")
+
+def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
+    """Check, touching nothing, that `out_dir` may receive data set `ds`: it is missing or empty, holds this data set (a
+    resume), or (`replace`) another data set written by this program. Returns the files to delete first (another data
+    set's); files whose names this program does not write are never touched."""
+    if not out_dir.exists(): return []
+    if not out_dir.is_dir(): raise OutDirError(f"--out {out_dir} is not a directory")
+    ids, ours, unknown = set(), [], []
+    for p in sorted(out_dir.iterdir()):
+        if not _OWN.match(p.name) or p.name.startswith("."): continue
+        if p.name.endswith(".json"):
+            try: m = json.loads(p.read_text())
+            except (OSError, ValueError): unknown.append(p); continue
+            if not (isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/")): unknown.append(p); continue
+            ids.add(m.get("dataset_id") or "an older format")
+        else:
+            st = shard_stats(p)
+            if st is None: unknown.append(p); continue
+            ids.add(st.get("dataset") or "an older format")
+        ours.append(p)
+    others = ids - {ds}
+    if unknown and not ids:
+        raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data (or is damaged); "
+                          f"choose another directory or remove it yourself")
+    if others and not replace:
+        raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): made with another "
+                          f"tokenizer, chat template or content setting. Choose another directory, or pass --replace to replace it "
+                          f"(only the shards and manifest this program wrote are deleted)")
+    return ours + unknown if others else []
+
 def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True, **overrides) -> dict:
-    "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
-    cfg = dataclasses.replace(cfg or DataConfig(), **overrides)
+    "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) with the tokenizer in `tokenizer_dir` (or a loaded one) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
+    cfg = validate_config(dataclasses.replace(cfg or DataConfig(), **overrides))
     t0 = time.perf_counter()
-    out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "manifest.json").unlink(missing_ok=True)          # a directory without manifest is not a finished data set
-    tok = load_tokenizer(tokenizer_dir)
-    fps = {"tokenizer": tokenizer_fingerprint(tok), "template": template_fingerprint(tok)}
+    out_dir = Path(out_dir)
+    # ---- everything is checked before anything in out_dir is touched ----------------------------------------------
+    tok = tokenizer_dir if hasattr(tokenizer_dir, "backend_tokenizer") else load_tokenizer(tokenizer_dir)   # a directory, or a loaded tokenizer
+    SampleEncoder(tok, cfg)                                      # a template and an end of turn to render with
+    tkw, parts = cfg.template_kwargs(), tokenizer_parts(tok)
+    fps = {"tokenizer": _sha(json.dumps(parts, sort_keys=True))[:16], "template": template_fingerprint(tok, tkw)}
     files = list_inputs(inputs, cfg)
     tasks = plan_shards(files, cfg, fps)
-    for p in out_dir.glob(".shard-*.tmp*"): p.unlink()           # leftovers of a killed run
+    ds = dataset_id(cfg, fps)
+    remove = _claim_out_dir(out_dir, ds, cfg.replace)
+    # ---- now the directory is ours ----------------------------------------------------------------------------------
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for p in remove: p.unlink(missing_ok=True)                   # another data set of ours, replaced as asked
+    (out_dir / "manifest.json").unlink(missing_ok=True)          # a directory without manifest is not a finished data set
+    for p in out_dir.glob(".shard-*.tmp*"):                      # leftovers of a killed run
+        if _OWN.match(p.name): p.unlink()
     stats = {t.index: s for t in tasks if (s := shard_stats(shard_path(out_dir, t.index))) and s["key"] == t.key}
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))
     t_work = time.perf_counter()
     done, busy, cpu = run_shards(todo, tok, out_dir, cfg, workers)
     stats.update(done)
-    for p in out_dir.glob("shard-*.arrow"):                      # shards of an earlier, larger plan
-        if not p.stem[6:].isdigit() or int(p.stem[6:]) >= len(tasks): p.unlink()
+    for p in out_dir.glob("shard-*.arrow"):                      # shards of an earlier, larger plan of this data set
+        if _OWN.match(p.name) and int(p.stem[6:]) >= len(tasks): p.unlink()
     t_work = time.perf_counter() - t_work
     ordered = [stats[t.index] for t in tasks]
-    lengths = np.concatenate([_column(shard_path(out_dir, s["index"]), "n_loss_tokens") for s in ordered] or [np.zeros(0)])
-    a = audit(ordered, lengths, cfg)
+    dups, dup_info, lengths = _find_duplicates(ordered, out_dir, cfg)
+    a = audit(ordered, lengths, cfg, dup_info)
     seconds = time.perf_counter() - t0
     new_tokens = sum(stats[t.index]["tokens"] for t in todo)
     run = {"seconds": round(seconds, 3), "work_seconds": round(t_work, 3), "busy_seconds": round(busy, 3), "cpu_seconds": round(cpu, 3), "workers": workers if todo else 0, "shards": len(tasks),
            "shards_skipped": len(tasks) - len(todo), "tokens_per_s": round(new_tokens / max(t_work, 1e-9), 1),
            "tokens_per_s_per_worker": round(new_tokens / max(t_work, 1e-9) / max(1, workers), 1)}
-    manifest = {"format": SHARD_FORMAT, "tokenizer_fingerprint": fps["tokenizer"], "template_fingerprint": fps["template"],
+    manifest = {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"], "tokenizer_parts": parts,
+                "template_fingerprint": fps["template"], "template_kwargs": tkw,
                 "config": {k: v for k, v in to_dict(cfg).items() if k in _CONTENT_FIELDS},
                 "inputs": [{"name": f.name, "size": f.size} for f in files],
                 "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"], "lines": s["lines"],
                             "samples": s["kept"], "tokens": s["tokens"], "loss_tokens": s["loss_tokens"]} for s in ordered],
+                "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
                 "audit": a, "forced": False, "run": run}
     if verbose:
         print(format_audit(a, f"dflash_nb.data audit: {len(files)} input file(s), {len(tasks)} shard(s) in {out_dir}"))
@@ -727,7 +919,9 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
               f"({run['workers']} worker(s), {run['shards_skipped']} shard(s) already done, {t_work:.1f} s of {seconds:.1f} s)")
     problems = []
     if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
+    if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
     if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
+    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction: problems.append(_stripped_message(a))
     if problems and not cfg.force:
         _atomic_json(out_dir / "audit.json", manifest)
         raise DataAuditError("data audit failed: " + " ".join(problems) + f" (audit saved to {out_dir / 'audit.json'})")
@@ -736,10 +930,35 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     _atomic_json(out_dir / "manifest.json", manifest)
     return manifest
 
+def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tuple[dict, dict, np.ndarray]:
+    "Rows whose sample repeats an earlier one (in plan order, so for any worker count): ({shard: rows}, audit numbers, kept loss lengths)."
+    seen, dups = set(), {}
+    for s in ordered:
+        for r, h in enumerate(s["row_hashes"]):
+            if cfg.dedupe and h in seen: dups.setdefault(s["index"], []).append(r)
+            seen.add(h)
+    info, lengths = {"count": 0, "tokens": 0, "loss_tokens": 0, "examples": []}, []
+    for s in ordered:
+        path = shard_path(out_dir, s["index"])
+        n_loss = _column(path, "n_loss_tokens")
+        rows = dups.get(s["index"])
+        if rows:
+            n_tok, src = _column(path, "n_tokens"), _column(path, "source")
+            info["count"] += len(rows); info["tokens"] += int(n_tok[rows].sum()); info["loss_tokens"] += int(n_loss[rows].sum())
+            info["examples"] += [f"{src[r]}: duplicate: the same conversation as an earlier sample" for r in rows[:cfg.max_examples]]
+            n_loss = np.delete(n_loss, rows)
+        lengths.append(n_loss)
+    return dups, info, np.concatenate(lengths or [np.zeros(0)])
+
 def _column(path: Path, name: str) -> np.ndarray:
-    with pa.memory_map(str(path)) as src:
-        t = pa.ipc.open_file(src).read_all()
-        return t.column(name).to_numpy().copy() if t.num_rows else np.zeros(0, dtype=np.int32)
+    try:
+        with pa.memory_map(str(path)) as src:
+            t = pa.ipc.open_file(src).read_all()
+    except (OSError, pa.ArrowException) as err:
+        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m dflash_nb.data to rebuild it") from None
+    if not t.num_rows: return np.zeros(0, dtype=np.int32)
+    col = t.column(name)
+    return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
 
 # %% ../nbs/01_data.ipynb #3e4afbb5
 def load_manifest(out_dir) -> dict:
@@ -748,34 +967,56 @@ def load_manifest(out_dir) -> dict:
     if not p.is_file():
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
         raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python -m dflash_nb.data")
-    return json.loads(p.read_text())
+    try: m = json.loads(p.read_text())
+    except (ValueError, UnicodeDecodeError) as err: raise CorruptFileError(f"{p}: not a readable manifest ({err}); rerun python -m dflash_nb.data") from None
+    if not isinstance(m, dict) or not isinstance(m.get("shards"), list): raise CorruptFileError(f"{p}: not a dflash_nb.data manifest")
+    return m
+
+class DataMismatchError(ExpectedError, ValueError):
+    "The data set was made with another tokenizer or chat template than the one it is used with."
 
 def check_template(manifest: dict, tokenizer):
-    "Raise ValueError when the data set was rendered with another chat template (or tokenizer) than `tokenizer`'s."
-    for what, fp in (("chat template", template_fingerprint(tokenizer)), ("tokenizer", tokenizer_fingerprint(tokenizer))):
-        key = "template_fingerprint" if what == "chat template" else "tokenizer_fingerprint"
-        if manifest.get(key) != fp:
-            raise ValueError(f"the data was made with another {what} ({manifest.get(key)}) than the target's ({fp}): re-tokenize it with the target's tokenizer")
+    "Raise `DataMismatchError` saying what differs when the data set was rendered with another chat template (or settings) or another tokenizer than `tokenizer`'s."
+    kw = manifest.get("template_kwargs") or {}
+    fp = template_fingerprint(tokenizer, kw)
+    if manifest.get("template_fingerprint") != fp:
+        raise DataMismatchError(f"the data was made with another chat template ({manifest.get('template_fingerprint')}) than the target's "
+                                f"({fp}, rendered with {kw}): re-tokenize it with the target's tokenizer")
+    ours, theirs = tokenizer_parts(tokenizer), manifest.get("tokenizer_parts")
+    if theirs is None:
+        diff = [] if manifest.get("tokenizer_fingerprint") == tokenizer_fingerprint(tokenizer) else ["fingerprint"]
+    else: diff = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    if diff:
+        raise DataMismatchError(f"the data was made with another tokenizer than the target's (different: {', '.join(diff)}): "
+                                f"re-tokenize it with the target's tokenizer")
 
 class ShardDataset:
-    "The samples of a tokenized data set, memory-mapped: `len`, `ds[i]` -> dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source)."
+    "The samples of a tokenized data set, memory-mapped: `len`, `ds[i]` -> dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source); duplicates left out."
     def __init__(self, out_dir):
         self.manifest = load_manifest(out_dir)
         self.tables = []
         for s in self.manifest["shards"]:    # the tables keep their memory maps open for as long as they live
-            self.tables.append(pa.ipc.open_file(pa.memory_map(str(Path(out_dir) / s["file"]))).read_all())
+            p = Path(out_dir) / s["file"]
+            try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(p))).read_all())
+            except (OSError, pa.ArrowException) as err:
+                raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m dflash_nb.data to rebuild it") from None
         self.starts = np.cumsum([0] + [t.num_rows for t in self.tables])
-        self.lengths = np.concatenate([t.column("n_tokens").to_numpy() for t in self.tables if t.num_rows] or [np.zeros(0, np.int32)])
+        dup = self.manifest.get("duplicates") or {}
+        self.index = np.concatenate([np.delete(np.arange(t.num_rows), dup.get(s["file"], [])) + int(o)
+                                     for t, s, o in zip(self.tables, self.manifest["shards"], self.starts)] or [np.zeros(0, np.int64)])
+        lengths = np.concatenate([t.column("n_tokens").to_numpy() for t in self.tables if t.num_rows] or [np.zeros(0, np.int32)])
+        self.lengths = lengths[self.index]
 
-    def __len__(self): return int(self.starts[-1])
+    def __len__(self): return len(self.index)
 
     def __getitem__(self, i) -> dict:
         if isinstance(i, slice): return [self[j] for j in range(*i.indices(len(self)))]
         i = int(i)
         if i < 0: i += len(self)
         if not 0 <= i < len(self): raise IndexError(i)
-        s = int(np.searchsorted(self.starts, i, "right")) - 1
-        t, j = self.tables[s], i - int(self.starts[s])
+        g = int(self.index[i])
+        s = int(np.searchsorted(self.starts, g, "right")) - 1
+        t, j = self.tables[s], g - int(self.starts[s])
         return {"input_ids": t.column("input_ids")[j].values.to_numpy().tolist(), "loss_mask": t.column("loss_mask")[j].values.to_numpy().tolist(),
                 "n_tokens": t.column("n_tokens")[j].as_py(), "n_loss_tokens": t.column("n_loss_tokens")[j].as_py(), "source": t.column("source")[j].as_py()}
 
@@ -847,33 +1088,43 @@ def write_jsonl(records, path) -> Path:
 
 # %% ../nbs/01_data.ipynb #18844668
 def main(argv=None) -> int:
-    "Command line entry point of `python -m dflash_nb.data`."
+    "Command line entry point of `python -m dflash_nb.data`: expected failures are one line on stderr and exit 2 (`--debug`: with traceback)."
+    return run_cli(_main, argv, prog="dflash_nb.data")
+
+def _main(argv: list) -> int:
     import argparse
     from dflash_nb.config import config_help
     ap = argparse.ArgumentParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit.",
+                                 description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
+                                             "Errors are one line (exit 2); --debug shows their traceback.",
                                  epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
     ap.add_argument("--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or s3:// URIs")
-    ap.add_argument("--tokenizer", required=True, help="directory with the target's tokenizer (tokenizer.json + chat template)")
+    ap.add_argument("--tokenizer", required=True, help="directory with the target's tokenizer (tokenizer.json + chat template); hub:NAME to download NAME from the Hugging Face hub")
     ap.add_argument("--out", required=True, help="output directory for shard-*.arrow and manifest.json")
     h = {f.name: f.metadata.get("help", "").lstrip("* ") for f in dataclasses.fields(DataConfig)}
     ap.add_argument("--workers", type=int, help=h["workers"])
     ap.add_argument("--max-seq-len", type=int, help=h["max_seq_len"])
     ap.add_argument("--min-loss-tokens", type=int, help=h["min_loss_tokens"])
     ap.add_argument("--max-degenerate-fraction", type=float, help=h["max_degenerate_fraction"])
+    ap.add_argument("--max-malformed-fraction", type=float, help=h["max_malformed_fraction"])
+    ap.add_argument("--chat-template-kwargs", metavar="JSON", help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')')
     ap.add_argument("--force", action="store_true", default=None, help=h["force"])
+    ap.add_argument("--replace", action="store_true", default=None, help=h["replace"])
     ap.add_argument("--all-turns", action="store_true", default=None, help=h["all_turns"])
     ap.add_argument("--config", help="YAML file with DataConfig keys")
     ap.add_argument("overrides", nargs="*", help="DataConfig key=value")
     args = ap.parse_args(argv)
     cfg = load_config(DataConfig, args.config, args.overrides)
     flags = {"workers": args.workers, "max_seq_len": args.max_seq_len, "min_loss_tokens": args.min_loss_tokens,
-             "max_degenerate_fraction": args.max_degenerate_fraction, "force": args.force, "all_turns": args.all_turns}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
-    try: tokenize_dataset(args.input, args.tokenizer, args.out, cfg)
-    except (DataAuditError, FileNotFoundError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+             "max_degenerate_fraction": args.max_degenerate_fraction, "max_malformed_fraction": args.max_malformed_fraction,
+             "force": args.force, "replace": args.replace, "all_turns": args.all_turns}
+    if args.chat_template_kwargs is not None:
+        try: kw = json.loads(args.chat_template_kwargs)
+        except ValueError as err: raise ConfigError(f"--chat-template-kwargs: not JSON ({err})") from None
+        if not isinstance(kw, dict): raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
+        flags["chat_template_kwargs"] = {**cfg.chat_template_kwargs, **kw}
+    cfg = validate_config(dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}))
+    tokenize_dataset(args.input, args.tokenizer, args.out, cfg)
     return 0
 
 # %% ../nbs/01_data.ipynb #53cea0de

@@ -834,4 +834,4 @@ def _main_data(a, model, drafter, B) -> dict:
               f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup {cmp['speedup']:.2f}x)")
     return res
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: main()
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.evaluate"))

@@ -295,4 +295,4 @@ def main(argv=None):
           f"target layers {cfg['dflash_config']['target_layer_ids']}, mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})")
     return out
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: main()
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.export"))

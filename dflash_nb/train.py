@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 import torch
 import torch.distributed as dist
-from .config import opt, parse_cli, save_config, ConfigError
+from .config import opt, parse_cli, save_config, ConfigError, run_cli
 from .data import DataConfig
 from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distributed, build_target, tokenizer_dir,
                                drafter_config, build_drafter, NonFiniteError)
@@ -23,14 +23,14 @@ __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_conf
 @dataclass
 class RegenConfig:
     prompts: Optional[str] = opt(None, "JSONL of prompts ({prompt: ...} or {messages: [...]}) to complete with the target's greedy decoding; 'bundled' = the demo prompts; None = skip")
-    max_new_tokens: int = opt(64, "tokens generated per prompt")
-    batch_size: int = opt(32, "prompts per generate() call")
-    heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ")
-    max_prompts: Optional[int] = opt(None, "use only the first N prompts")
+    max_new_tokens: int = opt(64, "tokens generated per prompt", min=1)
+    batch_size: int = opt(32, "prompts per generate() call", min=1)
+    heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ", min=0)
+    max_prompts: Optional[int] = opt(None, "use only the first N prompts", min=1)
 
 @dataclass
 class EvalConfig:
-    num_samples: int = opt(16, "held-out samples for τ before and after training (0 = skip)")
+    num_samples: int = opt(16, "held-out samples for τ before and after training (0 = skip)", min=0)
     data_dir: Optional[str] = opt(None, "tokenized held-out data; None = the regenerated held-out prompts")
 
 @dataclass
@@ -100,7 +100,7 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     "Complete each prompt with the target's greedy decoding; write chat JSONL whose tokenization is exactly prompt + target tokens."
     from dflash_nb.data import ChatRenderer, SampleEncoder
     data_cfg = data_cfg or DataConfig()
-    renderer, encoder = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn), SampleEncoder(tokenizer, data_cfg)
+    renderer, encoder = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs), SampleEncoder(tokenizer, data_cfg)
     eot = tokenizer(renderer.end_of_turn, add_special_tokens=False)["input_ids"]   # the data pipeline's end of turn
     dev = next(target.parameters()).device
     enc = [tokenizer(renderer.render(p, add_generation_prompt=True), add_special_tokens=False)["input_ids"] for p in prompts]
@@ -239,16 +239,18 @@ def _where(r: dict) -> str:
     return "\n".join(l for l in lines if l)
 
 def main(argv=None) -> int:
-    "`python -m dflash_nb.train [--config FILE] [key=value ...]`; no arguments = the demo."
-    argv = list(sys.argv[1:] if argv is None else argv)
+    "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo. Expected failures: one line, exit 2."
+    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError,))   # shapes that do not fit the target, an unknown arch, ...
+
+def _main(argv: list) -> int:
     with contextlib.suppress(Exception): sys.stdout.reconfigure(line_buffering=True)  # progress reaches log files as it happens
     if not any(a == "--config" or a.startswith("--config=") for a in argv) and not any(a in ("-h", "--help") for a in argv):
         argv = ["--config", str(demo_config_path())] + argv
     try:
         cfg = parse_cli(RunConfig, argv, prog="dflash_nb.train")
         report = run(cfg)
-    except (ConfigError, NonFiniteError, FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr); return 2 if isinstance(e, (ConfigError, ValueError, FileNotFoundError)) else 3
+    except NonFiniteError as e:
+        print(f"dflash_nb.train: error: {e}", file=sys.stderr); return 3
     finally:
         if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0

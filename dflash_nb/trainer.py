@@ -24,34 +24,52 @@ __all__ = ['TargetConfig', 'OptimConfig', 'CheckpointConfig', 'FaultConfig', 'Tr
            'train', 'drafter_lm_head_weight']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
+def _tiny_keys():
+    "Keyword arguments of `tiny_target` a config may set: its own and the fields of its transformers configs (checked at load)."
+    import inspect
+    from transformers import Qwen3Config, Qwen3_5TextConfig, LlamaConfig
+    from dflash_nb.target import tiny_target
+    own = [p for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD]
+    hf = set().union(*(c().to_dict() for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig)))
+    return sorted(set(own) | {k for k in hf if not k.startswith("_") and k not in ("dtype", "transformers_version")})
+
+def _drafter_schema():
+    "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
+    from dflash_nb.model import DrafterConfig
+    return DrafterConfig
+
+def _fits_block(max_tokens: int, cfg) -> str | None:
+    b = cfg.drafter.get("block_size") or _drafter_schema().block_size
+    return None if max_tokens >= b + 1 else f"must be >= block_size + 1 = {b + 1} (an anchor and its block)"
+
 @dataclass
 class TargetConfig:
     path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed weights (demo, tests)")
     tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 tokenizer for the tiny target)")
     dtype: str = opt("auto", "target weight dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32")
     attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, flash_attention_2, ...)")
-    max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)")
-    tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)")
+    max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)", min=1)
+    tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)", keys=_tiny_keys)
 
 @dataclass
 class OptimConfig:
-    lr: float = opt(6e-4, "peak learning rate (AdamW)")
-    betas: list[float] = opt([0.9, 0.95], "AdamW betas")
-    eps: float = opt(1e-8, "AdamW epsilon")
-    weight_decay: float = opt(0.0, "AdamW weight decay")
-    warmup_frac: float = opt(0.04, "share of the steps with linear warmup")
-    min_lr_frac: float = opt(0.0, "cosine floor as a fraction of lr")
-    clip: float = opt(1.0, "gradient-norm clip")
+    lr: float = opt(6e-4, "peak learning rate (AdamW)", gt=0)
+    betas: list[float] = opt([0.9, 0.95], "AdamW betas", min=0, max=0.999999)
+    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", min=0)
+    warmup_frac: float = opt(0.04, "share of the steps with linear warmup", min=0, max=1)
+    min_lr_frac: float = opt(0.0, "cosine floor as a fraction of lr", min=0, max=1)
+    clip: float = opt(1.0, "gradient-norm clip", gt=0)
 
 @dataclass
 class CheckpointConfig:
-    every: int = opt(1000, "optimizer steps between checkpoints (0 = only the final one)")
-    keep: int = opt(3, "local checkpoints kept (oldest pruned); the one `latest` names is never pruned")
+    every: int = opt(1000, "optimizer steps between checkpoints (0 = only the final one)", min=0)
+    keep: int = opt(3, "local checkpoints kept (oldest pruned); the one `latest` names is never pruned", min=0)
     final: bool = opt(True, "write a checkpoint after the last step")
     s3_uri: Optional[str] = opt(None, "s3://bucket/prefix to upload every checkpoint to, in the background")
     s3_endpoint_url: Optional[str] = opt(None, "S3 endpoint for S3-compatible stores; None = boto3's default (AWS_ENDPOINT_URL, ...)")
-    s3_retries: int = opt(5, "attempts per checkpoint upload before giving up (the local copy is always kept)")
-    s3_backoff: float = opt(1.0, "seconds before the first retry, doubled after each failure")
+    s3_retries: int = opt(5, "attempts per checkpoint upload before giving up (the local copy is always kept)", min=0)
+    s3_backoff: float = opt(1.0, "seconds before the first retry, doubled after each failure", min=0)
 
 @dataclass
 class FaultConfig:
@@ -63,25 +81,25 @@ class FaultConfig:
 class TrainConfig:
     run_dir: str = opt("runs/train", "run directory: metrics.jsonl, config.yaml, checkpoints/, summary.json")
     data_dir: Optional[str] = opt(None, "tokenized shards (output of dflash_nb.data)")
-    seed: int = opt(0, "seed of the drafter init, the data order and the anchors")
-    steps: int = opt(1000, "optimizer steps")
-    global_batch: int = opt(8, "packed rows per optimizer step over all ranks; each rank accumulates global_batch / world_size rows")
-    max_tokens: int = opt(4096, "tokens per packed row (longer samples are truncated)")
-    max_anchors: int = opt(512, "anchors (draft blocks) sampled per row, resampled every step")
-    gamma: Optional[float] = opt(None, "loss decay over block slots; None = default_gamma(block_size)")
-    loss_chunk_blocks: int = opt(64, "blocks per chunk of the vocabulary projection in the loss (bounds peak memory)")
+    seed: int = opt(0, "seed of the drafter init, the data order and the anchors", min=0)
+    steps: int = opt(1000, "optimizer steps", min=1)
+    global_batch: int = opt(8, "packed rows per optimizer step over all ranks; each rank accumulates global_batch / world_size rows", min=1)
+    max_tokens: int = opt(4096, "tokens per packed row (longer samples are truncated)", check=_fits_block)
+    max_anchors: int = opt(512, "anchors (draft blocks) sampled per row, resampled every step", min=1)
+    gamma: Optional[float] = opt(None, "loss decay over block slots; None = default_gamma(block_size)", gt=0)
+    loss_chunk_blocks: int = opt(64, "blocks per chunk of the vocabulary projection in the loss (bounds peak memory)", min=1)
     backend: str = opt("auto", "attention backend: auto (probe), flex, triton, sdpa")
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], [cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain sequential loop")
-    queue_depth: int = opt(2, "batches of features buffered between target and drafter")
+    queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
     amp: str = opt("auto", "autocast: auto (bfloat16 on GPU, off on CPU), bfloat16, off; master weights stay fp32")
-    log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)")
+    log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
-    max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)")
+    max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), s3://bucket/prefix, or 'auto' (this run_dir if it has one)")
     init_from: Optional[str] = opt(None, "warm start: a DFlash drafter directory in the serving format (a published drafter, SpecForge's, a dflash_nb export); its weights initialise the drafter and its config.json is the drafter config unless `drafter` overrides are given (then they must agree)")
     target: TargetConfig = opt(TargetConfig(), "the frozen target")
-    drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, sliding_window, ...)")
+    drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, sliding_window, ...)", keys=_drafter_schema)
     optim: OptimConfig = opt(OptimConfig(), "optimizer and schedule")
     checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints and S3 upload")
     fault: FaultConfig = opt(FaultConfig(), "fault injection for tests")
@@ -910,7 +928,7 @@ def check_template(manifest: dict, tokenizer, data_dir="data"):
     from dflash_nb.data import check_template as _check
     try: _check(manifest, tokenizer)
     except ValueError as e:
-        raise ValueError(f"refusing to train on {data_dir}: {e} (python -m dflash_nb.data ...)") from None
+        raise type(e)(f"refusing to train on {data_dir}: {e} (python -m dflash_nb.data ...)") from None
 
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, indexable (`ds[i]` → dict with input_ids, loss_mask), with `.lengths`."

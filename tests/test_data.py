@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
-from dflash_nb.data import (DataAuditError, DataConfig, SampleEncoder, check_template, conversation_samples, load_manifest,
+from dflash_nb.data import (DataAuditError, DataConfig, DataMismatchError, OutDirError, SampleEncoder, check_template, conversation_samples, load_manifest,
                             load_tokenizer, normalize_record, qwen3_tokenizer_dir, read_shards, shard_path, synthetic_records,
                             template_fingerprint, tokenize_dataset, write_jsonl)
 
@@ -69,7 +69,7 @@ def test_mask_end_to_end_through_shards(tok, tmp_path):
     want = [generated(r, c) for _, turns in SINGLE + MULTI for r, c in turns]
     write_jsonl(recs, tmp_path / "in.jsonl")
     tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", workers=1, all_turns=True,
-                     min_loss_tokens=1, verbose=False)
+                     min_loss_tokens=1, dedupe=False, verbose=False)     # the shapes repeat one conversation on purpose
     ds = read_shards(tmp_path / "out")
     got = []
     for s in ds:
@@ -148,8 +148,14 @@ def test_malformed_input_counted_and_good_samples_kept(tmp_path):
     (d / "mixed.jsonl").write_bytes(raw)
     (d / "empty.jsonl").write_bytes(b"")
     cfg = DataConfig(workers=1, max_seq_len=2048, shard_bytes=1500)    # many byte ranges: line numbers must still be right
+    with pytest.raises(DataAuditError, match=r"9 of 16 records \(56\.\d%\) were dropped, over the limit of 1% \(max_malformed_fraction\): "
+                                             r"bad_json 1, bad_text 1, bad_utf8 1, missing_field 2, no_assistant 1, wrong_type 3"):
+        tokenize_dataset(str(d), qwen3_tokenizer_dir(), tmp_path / "out", cfg, verbose=False)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    cfg.max_malformed_fraction = 0.7
     m = tokenize_dataset(str(d), qwen3_tokenizer_dir(), tmp_path / "out", cfg, verbose=False)
     a = m["audit"]
+    assert m["run"]["shards_skipped"] == len(m["shards"]) and a["dropped"]["count"] == 9
     assert a["malformed"]["by_kind"] == {"bad_json": 1, "bad_text": 1, "bad_utf8": 1, "empty_file": 1, "missing_field": 2,
                                          "no_assistant": 1, "wrong_type": 3}
     ex = a["malformed"]["examples"]
@@ -205,21 +211,25 @@ def test_resume_skips_finished_and_repairs(tmp_path):
     assert _shard_bytes(tmp_path / "out") == ref
     assert {p.name for p in (tmp_path / "out").iterdir()} == set(ref) | {"manifest.json"}
     # a content-changing setting invalidates every shard
-    m = tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", cfg, max_seq_len=256, verbose=False)
+    with pytest.raises(OutDirError, match="holds another data set"):
+        tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", cfg, max_seq_len=256, verbose=False)
+    assert _shard_bytes(tmp_path / "out") == ref and load_manifest(tmp_path / "out")    # refused: nothing touched
+    m = tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", cfg, max_seq_len=256, replace=True,
+                         verbose=False)
     assert m["run"]["shards_skipped"] == 0 and max(read_shards(tmp_path / "out").lengths) == 256
 
 
 def test_manifest_fingerprints_and_template_refusal(tok, tmp_path):
     write_jsonl(synthetic_records(2, approx_tokens=100), tmp_path / "in.jsonl")
     m = tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", workers=1, verbose=False)
-    assert m["template_fingerprint"] == template_fingerprint(tok)
+    assert m["template_kwargs"] == {"enable_thinking": True}
+    assert m["template_fingerprint"] == template_fingerprint(tok, {"enable_thinking": True})
     check_template(m, tok)
 
-    class Other:                                     # the same vocabulary with another chat template
-        chat_template = tok.chat_template.replace("<think>\\n", "<think>")
-        get_vocab = tok.get_vocab
-    with pytest.raises(ValueError, match="another chat template"):
-        check_template(m, Other())
+    other = load_tokenizer(qwen3_tokenizer_dir())      # the same tokenizer with another chat template
+    other.chat_template = tok.chat_template.replace("<think>\\n", "<think>")
+    with pytest.raises(DataMismatchError, match="another chat template"):
+        check_template(m, other)
 
 
 def test_generation_prompt_part_is_not_masked():

@@ -44,3 +44,43 @@ def test_kill_mid_run_then_rerun_gives_identical_shards(tmp_path):
     assert _shards(out) == _shards(tmp_path / "ref")
     assert not list(out.glob(".*tmp*"))
     assert load_manifest(out)["audit"] == ref["audit"]
+
+
+def _children(pid: int) -> list[int]:
+    try: return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError: return []
+
+
+def _alive(pid: int) -> bool:
+    "A process that exists and is not a zombie (an orphan's zombie may linger where nothing reaps it)."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError: return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc (Linux)")
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_exit_when_the_parent_is_killed(tmp_path, method):
+    "SIGKILL of the driver alone (not its process group): its worker processes must not live on as orphans."
+    write_jsonl(synthetic_records(400, seed=200, approx_tokens=1500), tmp_path / "in.jsonl")   # ~600K tokens: seconds of work
+    cmd = [sys.executable, "-m", "dflash_nb.data", "--input", str(tmp_path / "in.jsonl"), "--tokenizer", str(qwen3_tokenizer_dir()),
+           "--out", str(tmp_path / "out"), "--workers", "2", "shard_bytes=20000", f"start_method={method}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    kids = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(kids := _children(proc.pid)) < 2:
+            assert proc.poll() is None, "the run ended before its workers could be seen"
+            assert time.monotonic() < deadline, "no workers appeared"
+            time.sleep(0.01)
+        time.sleep(0.5)
+        kids = _children(proc.pid)
+        assert proc.poll() is None and len(kids) >= 2
+        os.kill(proc.pid, signal.SIGKILL)                    # the driver only; the workers get no signal from us
+        proc.wait(30)
+        deadline = time.monotonic() + 15
+        while any(_alive(k) for k in kids) and time.monotonic() < deadline: time.sleep(0.05)
+        assert not [k for k in kids if _alive(k)], "workers outlived their parent"
+    finally:
+        for k in kids:                                       # never leave strays behind, even when the test fails
+            if _alive(k): os.kill(k, signal.SIGKILL)
+        if proc.poll() is None: os.killpg(proc.pid, signal.SIGKILL)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from dflash_nb import data as D
-from dflash_nb.data import DataConfig, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
+from dflash_nb.data import DataConfig, InputError, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_listing_paginates_and_matches_local(dataset):
     assert _names(list_inputs(f"s3://{bucket}/data/*.jsonl", cfg)) == _names(list_inputs(str(local / "*.jsonl")))
     assert _names(list_inputs(f"s3://{bucket}/data/sub/c.jsonl", cfg)) == [("c.jsonl", (local / "sub/c.jsonl").stat().st_size)]
     assert [f.uri for f in list_inputs(f"s3://{bucket}/data/b.jsonl", cfg)] == [f"s3://{bucket}/data/b.jsonl"]
-    with pytest.raises(FileNotFoundError, match="matches no objects"):
+    with pytest.raises(InputError, match="matches no objects"):
         list_inputs(f"s3://{bucket}/nothing-here/", cfg)
 
 
@@ -100,3 +100,14 @@ def test_s3_and_local_give_identical_shards(dataset, tmp_path, monkeypatch):
     assert local_shards == {p.name: p.read_bytes() for p in (tmp_path / "s3").glob("shard-*.arrow")}
     assert m_s3["audit"] == m_local["audit"] and m_s3["shards"] == m_local["shards"] and m_s3["inputs"] == m_local["inputs"]
     assert m_local["audit"]["kept"] == 14 and m_local["audit"]["malformed"]["by_kind"] == {"empty_file": 1}
+
+
+def test_s3_errors_are_one_line_naming_the_input(dataset, tmp_path):
+    "A bucket that does not exist: the CLI says which input, in one line, exit 2 (no traceback)."
+    _, bucket = dataset
+    with pytest.raises(InputError, match=r"input s3://no-such-bucket/data/: S3 error: .*NoSuchBucket"):
+        list_inputs("s3://no-such-bucket/data/")
+    r = subprocess.run([sys.executable, "-m", "dflash_nb.data", "--input", "s3://no-such-bucket/data/", "--tokenizer", str(qwen3_tokenizer_dir()),
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=300, env=os.environ.copy())
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("dflash_nb.data: error: input s3://no-such-bucket/data/: S3 error:") and not (tmp_path / "out").exists()

@@ -1,0 +1,66 @@
+"""Config ranges and nested keys checked at load (before any model is built), and the one-line CLI error convention."""
+import subprocess, sys
+from pathlib import Path
+
+import pytest
+
+from dflash_nb.config import ConfigError, load_config
+from dflash_nb.train import RunConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BAD = [  # (override, text the one-line error must hold)
+    ("train.global_batch=0", "train.global_batch: must be >= 1, got 0"),
+    ("train.max_tokens=1", "train.max_tokens: must be >= block_size + 1 = 17"),
+    ("train.max_tokens=16", "train.max_tokens: must be >= block_size + 1 = 17"),
+    ("train.max_anchors=0", "train.max_anchors: must be >= 1, got 0"),
+    ("train.steps=0", "train.steps: must be >= 1, got 0"),
+    ("train.steps=-5", "train.steps: must be >= 1, got -5"),
+    ("train.log_every=0", "train.log_every: must be >= 1, got 0"),
+    ("train.target.tiny.bogus=1", "unknown config key train.target.tiny.bogus"),
+    ("train.drafter.bogus=1", "unknown config key train.drafter.bogus"),
+    ("train.drafter.block_size=1", "train.drafter.block_size: must be >= 2, got 1"),
+    ("train.drafter.num_hidden_layers=x", "train.drafter.num_hidden_layers: expected int"),
+    ("train.optim.lr=0", "train.optim.lr: must be > 0"),
+    ("train.optim.betas=[0.9, 1.5]", "train.optim.betas[1]: must be <= 0.999999"),
+    ("train.optim.warmup_frac=2", "train.optim.warmup_frac: must be <= 1"),
+    ("train.target.max_batch_tokens=0", "train.target.max_batch_tokens: must be >= 1"),
+    ("data.max_seq_len=0", "data.max_seq_len: must be >= 2"),
+    ("data.batch_size=0", "data.batch_size: must be >= 1"),
+    ("data.max_malformed_fraction=1.5", "data.max_malformed_fraction: must be <= 1"),
+    ("regenerate.batch_size=0", "regenerate.batch_size: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("override,msg", BAD, ids=[o for o, _ in BAD])
+def test_bad_values_fail_at_load_naming_the_key(override, msg):
+    with pytest.raises(ConfigError) as e:
+        load_config(RunConfig, None, [override])
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_good_values_and_shipped_configs_load():
+    for p in sorted((ROOT / "configs").glob("*.yaml")):
+        load_config(RunConfig, p)
+    c = load_config(RunConfig, None, ["train.drafter.block_size=32", "train.max_tokens=33", "train.target.tiny.initializer_range=0.04",
+                                      "train.target.tiny.num_layers=2", "train.steps=1", "train.log_every=1"])
+    assert (c.train.max_tokens, c.train.drafter, c.train.target.tiny["num_layers"]) == (33, {"block_size": 32}, 2)
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+
+
+def test_train_cli_one_line_exit_2_and_debug_traceback():
+    r = _cli("-m", "dflash_nb.train", "train.steps=-5")
+    assert r.returncode == 2 and r.stderr.strip() == "dflash_nb.train: error: train.steps: must be >= 1, got -5", r.stderr
+    r = _cli("-m", "dflash_nb.train", "train.target.tiny.bogus=1", "--debug")
+    assert r.returncode == 2 and "Traceback" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("dflash_nb.train: error: unknown config key train.target.tiny.bogus")
+
+
+def test_evaluate_and_export_cli_one_line_exit_2(tmp_path):
+    r = _cli("-m", "dflash_nb.export", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(tmp_path / "nope") in r.stderr, r.stderr
+    r = _cli("-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "nope"), "--target", "tiny", "--data", str(tmp_path / "data"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
