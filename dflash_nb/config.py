@@ -10,7 +10,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['ExpectedError', 'ConfigError', 'opt', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli']
+           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'scratch_dir']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -227,3 +227,11 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
+
+# %% ../nbs/00_config.ipynb #87096ead
+def scratch_dir(prefix: str = "dflash_nb-") -> Path:
+    "A temporary directory removed when this Python process exits (a notebook's Run All leaves nothing behind)."
+    import atexit, shutil, tempfile
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, d, True)
+    return d

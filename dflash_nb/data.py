@@ -1129,4 +1129,4 @@ def _main(argv: list) -> int:
 
 # %% ../nbs/01_data.ipynb #53cea0de
 #| eval: false
-if __name__ == "__main__": sys.exit(main())
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: sys.exit(main())
