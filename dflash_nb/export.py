@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'write_modeling_code', 'serving_state_dict',
-           'check_export_dir', 'export_drafter', 'read_exported_config', 'load_exported_drafter',
-           'checkpoint_drafter_config', 'export_checkpoint', 'main']
+__all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
+           'write_modeling_code', 'serving_state_dict', 'check_export_dir', 'export_drafter', 'read_exported_config',
+           'load_exported_drafter', 'checkpoint_drafter_config', 'export_checkpoint', 'main']
 
 # %% ../nbs/10_export.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"
@@ -79,6 +79,20 @@ def drafter_config_from_serving(
 
 # %% ../nbs/10_export.ipynb #76765be0
 _FROZEN = ("embed_tokens", "lm_head")
+
+from .config import ExpectedError
+
+class CorruptWeightsError(ExpectedError, ValueError):
+    "A weights file that is not a readable safetensors file (truncated, or something else under that name)."
+
+def read_safetensors(path) -> dict:
+    "Tensors of a safetensors file (data only, never code); a file that is not one is an error naming it."
+    from safetensors.torch import load_file
+    try: return load_file(str(path))
+    except FileNotFoundError: raise
+    except Exception as e:
+        raise CorruptWeightsError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
+                                  "re-export it or pick another checkpoint") from None
 
 def write_modeling_code(out_dir) -> dict:
     "Write the self-contained `modeling_dflash.py` (chapter 09b) into `out_dir`; return the config's `auto_map`."
@@ -206,7 +220,7 @@ def load_exported_drafter(
         raise ValueError(f"the target's embedding has {rows} rows, the drafter was trained for vocab_size={cfg.vocab_size}")
     if width != cfg.hidden_size:
         raise ValueError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
-    sd = load_file(str(Path(path) / "model.safetensors"))
+    sd = read_safetensors(Path(path) / "model.safetensors")
     dtype = dtype or next(iter(sd.values())).dtype
     device = device or embed_tokens.weight.device
     drafter = DFlashDrafter(cfg, embed_tokens, lm_head)
@@ -243,7 +257,7 @@ def checkpoint_drafter_config(ckpt):
 def _checkpoint_weights(d: Path) -> dict:
     from safetensors.torch import load_file
     for name in ("drafter.safetensors", "model.safetensors"):
-        if (d / name).exists(): return load_file(str(d / name))
+        if (d / name).exists(): return read_safetensors(d / name)
     raise FileNotFoundError(f"{d}: no drafter.safetensors or model.safetensors")
 
 def _check_shapes(sd: dict, cfg):

@@ -213,3 +213,13 @@ def test_export_out_never_destroys_foreign_dirs(setup, tmp_path):
     r = _cli("--checkpoint", ck, "--out", out, "--overwrite")
     assert r.returncode == 0, r.stderr
     assert ex.read_exported_config(out) == cfg
+
+
+def test_corrupt_export_names_the_file(setup, tmp_path):
+    "A model.safetensors that is not one (here: a pickle) is refused with the file named, never unpickled."
+    import pickle
+    target, cfg, drafter = setup
+    out = ex.export_drafter(drafter, cfg, tmp_path / "export")
+    (out / "model.safetensors").write_bytes(pickle.dumps({"fc.weight": [1.0]}))
+    with pytest.raises(ex.CorruptWeightsError, match=r"model\.safetensors is not a readable safetensors file"):
+        ex.load_exported_drafter(out, target.get_input_embeddings(), target.get_output_embeddings())
