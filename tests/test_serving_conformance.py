@@ -221,4 +221,3 @@ def test_with_modeling_code_autoModel_returns_the_drafter(target, tmp_path):
     check(target, d, load_served(d, tmp_path), [30, 10], [0, 3, 9, 29, 35])
     plain = AutoModel.from_pretrained(str(out), dtype=torch.float32)    # what a user gets without the flag
     assert type(plain).__name__ == "Qwen3Model"
-
