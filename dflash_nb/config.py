@@ -10,7 +10,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['ExpectedError', 'ConfigError', 'opt', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'scratch_dir']
+           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'CliParser',
+           'scratch_dir']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -226,6 +227,13 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
+
+import argparse
+
+class CliParser(argparse.ArgumentParser):
+    "An `ArgumentParser` whose usage errors (unknown flag, missing argument, bad choice) are a `ConfigError`: one line from `run_cli`, exit 2."
+    def error(self, message):
+        raise ConfigError(f"{message} (see --help)")
 
 
 # %% ../nbs/00_config.ipynb #87096ead

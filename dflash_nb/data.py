@@ -22,7 +22,7 @@ __all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 't
            'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
            'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
            'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
-           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main']
+           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main', 'cli']
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
@@ -1091,10 +1091,14 @@ def main(argv=None) -> int:
     "Command line entry point of `python -m dflash_nb.data`: expected failures are one line on stderr and exit 2 (`--debug`: with traceback)."
     return run_cli(_main, argv, prog="dflash_nb.data")
 
+def cli():
+    "Console script `dflash-data` (same as `python -m dflash_nb.data`); `main` already runs through `run_cli`, and its int is the exit status."
+    sys.exit(main())
+
 def _main(argv: list) -> int:
     import argparse
-    from dflash_nb.config import config_help
-    ap = argparse.ArgumentParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
+    from dflash_nb.config import config_help, CliParser
+    ap = CliParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
                                              "Errors are one line (exit 2); --debug shows their traceback.",
                                  epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
@@ -1129,4 +1133,4 @@ def _main(argv: list) -> int:
 
 # %% ../nbs/01_data.ipynb #53cea0de
 #| eval: false
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: sys.exit(main())
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

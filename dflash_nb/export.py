@@ -12,7 +12,7 @@ from torch import nn
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
            'write_modeling_code', 'serving_state_dict', 'check_export_dir', 'export_drafter', 'read_exported_config',
-           'load_exported_drafter', 'checkpoint_drafter_config', 'export_checkpoint', 'main']
+           'load_exported_drafter', 'checkpoint_drafter_config', 'export_checkpoint', 'main', 'cli']
 
 # %% ../nbs/10_export.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"
@@ -292,7 +292,8 @@ def export_checkpoint(
 # %% ../nbs/10_export.ipynb #ed7ff82b
 def main(argv=None):
     "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
-    ap = argparse.ArgumentParser(prog="python -m dflash_nb.export", description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).")
+    from dflash_nb.config import CliParser
+    ap = CliParser(prog="python -m dflash_nb.export", description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).")
     ap.add_argument("--checkpoint", required=True, help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)")
     ap.add_argument("--out", required=True, help="serving directory to write: new or empty, or a previous export with --overwrite")
     ap.add_argument("--overwrite", action="store_true", help="replace a previous drafter export in --out (other directories are never touched)")
@@ -309,4 +310,8 @@ def main(argv=None):
           f"target layers {cfg['dflash_config']['target_layer_ids']}, mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})")
     return out
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.export"))
+def cli():
+    "Console script `dflash-export` (same as `python -m dflash_nb.export`): expected failures are one line and exit 2; the exported path is not the exit status."
+    from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.export"))
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

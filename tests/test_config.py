@@ -64,3 +64,25 @@ def test_evaluate_and_export_cli_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(tmp_path / "nope") in r.stderr, r.stderr
     r = _cli("-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "nope"), "--target", "tiny", "--data", str(tmp_path / "data"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+SCRIPTS = {  # console script -> (module prog, arguments that are complete but for one unknown flag)
+    "dflash-data": ("dflash_nb.data", ["--input", "a.jsonl", "--tokenizer", "tok", "--out", "out", "--bogus"]),
+    "dflash-train": ("dflash_nb.train", ["--bogus"]),
+    "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"]),
+    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_console_scripts_installed_help_and_bad_flag(script, tmp_path):
+    "`make install` (pip install -e .) puts the four command lines next to python: --help exits 0, an unknown flag is one line and exit 2."
+    exe = Path(sys.executable).parent / script
+    assert exe.is_file(), f"{exe} missing: settings.ini console_scripts -> setup.py entry_points (rerun make install)"
+    prog, bad = SCRIPTS[script]
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage:") and r.stderr == "", r.stderr
+    r = subprocess.run([str(exe), *bad], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{prog}: error: ") and "--bogus" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []                          # refused before anything was written
