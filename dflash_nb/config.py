@@ -10,7 +10,8 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['ExpectedError', 'ConfigError', 'opt', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'scratch_dir']
+           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'CliParser',
+           'scratch_dir']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -19,12 +20,13 @@ class ExpectedError(Exception):
 class ConfigError(ExpectedError, ValueError):
     "A config key or value that does not fit the dataclass schema."
 
-def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None):
+def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None, hidden: bool = False):
     """A dataclass field with a `default` (copied when mutable) and a `help` string; `from_dict` enforces the rest:
     `min`/`max` (inclusive) and `gt` (exclusive) bound a number, or every number of a list; `check(value, cfg)` returns
     an error text (or None) for rules that involve other fields; `keys()` returns the dataclass (or the names) that the
-    keys of a dict field must fit."""
+    keys of a dict field must fit. `hidden=True` keeps a key (a test-only knob) out of `--help`; it still loads."""
     meta = {"help": help, **{k: v for k, v in dict(min=min, max=max, gt=gt, check=check, keys=keys).items() if v is not None}}
+    if hidden: meta["hidden"] = True
     if isinstance(default, (list, dict, set)) or is_dataclass(default):
         import copy
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
@@ -180,18 +182,44 @@ def save_config(cfg, path) -> Path:
 def _range_text(m) -> str:
     return ", ".join(f"{op} {m[k]}" for k, op in (("gt", ">"), ("min", ">="), ("max", "<=")) if k in m)
 
-def config_help(cls, prefix: str = "") -> str:
-    "One line per field, `key (type, default[, range]): help`, nested sections flattened with dotted keys."
+def _help_type(tp) -> str:
+    "How `--help` names a type: `{a, b}` for a `Literal`'s choices, `int or null` for `Optional[int]`, `list[int]`."
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal: return "{" + ", ".join(map(str, args)) + "}"
+    if origin in (typing.Union, types.UnionType): return " or ".join("null" if a is type(None) else _help_type(a) for a in args)
+    if origin in (list, tuple, dict) and args:
+        return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _help_type(a) for a in args)}]"
+    return "any" if tp is typing.Any else _type_name(tp)
+
+def _keys_text(keys) -> str:
+    "The keys a dict field accepts (`opt(keys=...)`): names, with their types where the schema is a dataclass."
+    schema = keys()
+    if is_dataclass(schema):
+        hints = typing.get_type_hints(schema)
+        names = [f"{f.name} ({_help_type(hints[f.name])})" for f in fields(schema) if not f.metadata.get("hidden")]
+    else: names = list(schema)
+    lines = ["      keys:"]
+    for i, n in enumerate(names):                 # wrapped at 110 columns, never inside one key's text
+        n += "," if i < len(names) - 1 else ""
+        if len(lines[-1]) + 1 + len(n) > 110: lines.append("           ")
+        lines[-1] += " " + n
+    return "\n".join(lines)
+
+def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
+    """One line per field, `key (type, default[, range]): help`, nested sections flattened with dotted keys; a dict field
+    with a key schema lists its keys below. Fields declared `opt(..., hidden=True)` are left out unless `hidden`."""
     lines, hints = [], typing.get_type_hints(cls)
     for f in fields(cls):
+        if f.metadata.get("hidden") and not hidden: continue
         tp = hints[f.name]
         if is_dataclass(tp):
-            lines.append(config_help(tp, prefix + f.name + "."))
+            lines.append(config_help(tp, prefix + f.name + ".", hidden))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory() if f.default_factory is not dataclasses.MISSING else "required"
         r = _range_text(f.metadata)
-        lines.append(f"  {prefix}{f.name} ({_type_name(tp)}, default {default!r}{', ' + r if r else ''}): {f.metadata.get('help', '')}")
-    return "\n".join(lines)
+        lines.append(f"  {prefix}{f.name} ({_help_type(tp)}, default {default!r}{', ' + r if r else ''}): {f.metadata.get('help', '')}")
+        if "keys" in f.metadata: lines.append(_keys_text(f.metadata["keys"]))
+    return "\n".join(l for l in lines if l)
 
 def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
     "Parse `[--config FILE] [key=value ...]` into `cls`; `--help` prints every key with its help and exits."
@@ -226,6 +254,13 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
+
+import argparse
+
+class CliParser(argparse.ArgumentParser):
+    "An `ArgumentParser` whose usage errors (unknown flag, missing argument, bad choice) are a `ConfigError`: one line from `run_cli`, exit 2."
+    def error(self, message):
+        raise ConfigError(f"{message} (see --help)")
 
 
 # %% ../nbs/00_config.ipynb #87096ead

@@ -22,7 +22,7 @@ __all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 't
            'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
            'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
            'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
-           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main']
+           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main', 'cli']
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
@@ -84,14 +84,18 @@ class DataConfig:
     overlong: typing.Literal["truncate", "drop"] = opt("truncate", "* what happens to samples longer than max_seq_len")
     min_loss_tokens: int = opt(16, "* samples with fewer loss tokens are dropped as degenerate", min=0)
     max_degenerate_fraction: float = opt(0.1, "the run fails when a larger share of samples is degenerate, unless force", min=0, max=1)
-    max_malformed_fraction: float = opt(0.01, "the run fails when a larger share of records is malformed or dropped (unknown role, template error, duplicate, ...: the reasons table), unless force", min=0, max=1)
-    max_stripped_reasoning_fraction: float = opt(0.1, "with thinking off the template renders no reasoning for the trained turn, so a record's reasoning is stripped; the run fails when a larger share of samples lost theirs, unless force", min=0, max=1)
+    max_malformed_fraction: float = opt(0.01, "the run fails when a larger share of records is malformed or dropped "
+                                              "(unknown role, template error, duplicate, ...: the reasons table), unless force", min=0, max=1)
+    max_stripped_reasoning_fraction: float = opt(0.1, "with thinking off the template renders no reasoning for the trained turn, so a "
+                                                      "record's reasoning is stripped; the run fails when a larger share of samples "
+                                                      "lost theirs, unless force", min=0, max=1)
     force: bool = opt(False, "finish (write the manifest) even when the audit fails: too many degenerate, malformed or stripped samples")
     all_turns: bool = opt(False, "* one sample per assistant turn instead of the final assistant turn only")
     enable_thinking: bool = opt(True, "* render with the template's thinking mode on (shortcut for chat_template_kwargs.enable_thinking)")
     chat_template_kwargs: dict = opt({}, "* keyword arguments of the chat template, e.g. {preserve_thinking: true}; they win over enable_thinking")
     end_of_turn: Optional[str] = opt(None, "* text that ends an assistant turn (None: the tokenizer's eos_token)")
-    field_map: dict[str, str] = opt({}, "* rename keys before shape detection, in records and in messages, e.g. {question: prompt, answer: completion, conversations: messages, from: role, value: content}")
+    field_map: dict[str, str] = opt({}, "* rename keys before shape detection, in records and in messages, e.g. "
+                                        "{question: prompt, answer: completion, conversations: messages, from: role, value: content}")
     role_map: dict[str, str] = opt({"human": "user", "gpt": "assistant"}, "* rename message roles (ShareGPT's human/gpt by default)")
     roles: list[str] = opt(["system", "user", "assistant", "tool"], "* roles the chat template renders; a message with another role (after role_map) makes its record malformed (unknown_role)")
     dedupe: bool = opt(True, "* samples whose conversation repeats an earlier one (content hash) are left out of the data set and counted as duplicate")
@@ -1091,10 +1095,14 @@ def main(argv=None) -> int:
     "Command line entry point of `python -m dflash_nb.data`: expected failures are one line on stderr and exit 2 (`--debug`: with traceback)."
     return run_cli(_main, argv, prog="dflash_nb.data")
 
+def cli():
+    "Console script `dflash-data` (same as `python -m dflash_nb.data`); `main` already runs through `run_cli`, and its int is the exit status."
+    sys.exit(main())
+
 def _main(argv: list) -> int:
     import argparse
-    from dflash_nb.config import config_help
-    ap = argparse.ArgumentParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
+    from dflash_nb.config import config_help, CliParser
+    ap = CliParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
                                              "Errors are one line (exit 2); --debug shows their traceback.",
                                  epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
@@ -1129,4 +1137,4 @@ def _main(argv: list) -> int:
 
 # %% ../nbs/01_data.ipynb #53cea0de
 #| eval: false
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: sys.exit(main())
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

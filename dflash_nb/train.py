@@ -17,7 +17,7 @@ from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distribut
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'prepare_data', 'run', 'main']
+           'measure_tau', 'export', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -255,6 +255,10 @@ def _main(argv: list) -> int:
         if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
 
+def cli():
+    "Console script `dflash-train` (same as `python -m dflash_nb.train`); `main` already runs through `run_cli`, and its int is the exit status."
+    sys.exit(main())
+
 # %% ../nbs/11_train.ipynb #b79eba8d
 #| eval: false
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: sys.exit(main())
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

@@ -102,7 +102,7 @@ class TrainConfig:
     drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, sliding_window, ...)", keys=_drafter_schema)
     optim: OptimConfig = opt(OptimConfig(), "optimizer and schedule")
     checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints and S3 upload")
-    fault: FaultConfig = opt(FaultConfig(), "fault injection for tests")
+    fault: FaultConfig = opt(FaultConfig(), "fault injection for tests", hidden=True)
 
 # %% ../nbs/08_trainer.ipynb #2312ba00
 def stable_seed(*parts) -> int:

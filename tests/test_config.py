@@ -64,3 +64,50 @@ def test_evaluate_and_export_cli_one_line_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and str(tmp_path / "nope") in r.stderr, r.stderr
     r = _cli("-m", "dflash_nb.evaluate", "--drafter", str(tmp_path / "nope"), "--target", "tiny", "--data", str(tmp_path / "data"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+SCRIPTS = {  # console script -> (module prog, arguments that are complete but for one unknown flag, text its --help shows)
+    "dflash-data": ("dflash_nb.data", ["--input", "a.jsonl", "--tokenizer", "tok", "--out", "out", "--bogus"],
+                    "  overlong ({truncate, drop}, default 'truncate')"),
+    "dflash-train": ("dflash_nb.train", ["--bogus"], "  train.gamma (float or null, default None, > 0)"),
+    "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"], "--temperature T"),
+    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"], "{float32,bfloat16,float16}"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_console_scripts_installed_help_and_bad_flag(script, tmp_path):
+    "`make install` (pip install -e .) puts the four command lines next to python: --help exits 0, an unknown flag is one line and exit 2."
+    exe = Path(sys.executable).parent / script
+    assert exe.is_file(), f"{exe} missing: settings.ini console_scripts -> setup.py entry_points (rerun make install)"
+    prog, bad, shown = SCRIPTS[script]
+    r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage:") and r.stderr == "", r.stderr
+    assert shown in r.stdout and "fault." not in r.stdout and "TEST ONLY" not in r.stdout, r.stdout
+    r = subprocess.run([str(exe), *bad], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (r.stdout, r.stderr)
+    assert r.stderr.startswith(f"{prog}: error: ") and "--bogus" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []                          # refused before anything was written
+
+
+def test_help_names_real_types_and_hides_test_knobs():
+    "`--help` of the train and data configs: Literal choices, `or null`, list element types, a dict's keys; no fault knobs."
+    from dflash_nb.config import config_help
+    from dflash_nb.data import DataConfig
+    h, full = config_help(RunConfig), config_help(RunConfig, hidden=True)
+    for line in ("  data.overlong ({truncate, drop}, default 'truncate')",
+                 "  data.start_method ({auto, fork, forkserver, spawn}, default 'auto')",
+                 "  train.gamma (float or null, default None, > 0)",
+                 "  regenerate.max_prompts (int or null, default None, >= 1)",
+                 "  train.devices (list[list[str]], default [])",
+                 "  train.optim.betas (list[float], default [0.9, 0.95], >= 0, <= 0.999999)",
+                 "  data.role_map (dict[str, str], default {'human': 'user', 'gpt': 'assistant'})"):
+        assert line in h, line
+    keys = h.split("  train.drafter (dict, default {})", 1)[1].split("\n  train.optim.lr", 1)[0]   # the keys block under it
+    assert "block_size (int)" in keys and "layer_types (list[{full, sliding}] or null)" in keys, keys
+    assert all(len(l) <= 110 for l in keys.splitlines()[1:]), keys
+    assert not any(t in h for t in ("(Optional", "(Literal", "(Union", "(list,", "typing.")), h
+    assert "train.fault" not in h and "TEST ONLY" not in h
+    assert "  train.fault.sigkill_at_step (int or null, default None)" in full and len(full) > len(h)
+    assert load_config(RunConfig, None, ["train.fault.nan_loss_steps=[2]"]).train.fault.nan_loss_steps == [2]  # hidden, still a key
+    assert "overlong ({truncate, drop}" in config_help(DataConfig)
