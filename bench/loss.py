@@ -1,6 +1,6 @@
 """Peak memory and time of the chunked block loss vs the naive (all logits at once) one, forward + backward.
 
-Target shape (DESIGN §7): 512 anchors × 16 slots × 151,936 vocabulary × hidden 4096, bf16 on GPU.
+Target shape: 512 anchors × 16 slots × 151,936 vocabulary × hidden 4096, bf16 on GPU.
 
 How peak memory is measured, honestly:
 * GPU: `torch.cuda.max_memory_allocated()` minus the memory allocated before the loss (inputs: hidden, lm_head, labels),

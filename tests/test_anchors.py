@@ -1,4 +1,4 @@
-"""Packing and anchors (DESIGN §3): whole-sample packing, valid anchors, sampling, block labels/positions/inputs."""
+"""Packing and anchors: whole-sample packing, valid anchors, sampling, block labels/positions/inputs."""
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st

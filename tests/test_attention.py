@@ -1,4 +1,4 @@
-"""Attention backends (DESIGN §6): sdpa/flex/triton against a plain-torch dense reference, the shared layout, the auto probe."""
+"""Attention backends: sdpa/flex/triton against a plain-torch dense reference, the shared layout, the auto probe."""
 import json
 import os
 import subprocess

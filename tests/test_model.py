@@ -51,7 +51,7 @@ def make_row(target, B, seed=0):
 
 def naive_drafter(d, features, context_position_ids, block_input_ids, block_position_ids, anchors, keep, doc_ids):
     """The drafter written out from its raw weights (plain RoPE, RMSNorm, SwiGLU by hand), one query at a time,
-    with the visibility rule of DESIGN §4 spelled out as key lists."""
+    with the serving visibility rule (chapter 03) spelled out as key lists."""
     B, S, cfg = d.config.block_size, features.shape[0], d.config
     eps, D = cfg.rms_norm_eps, cfg.head_dim
     rms = lambda x, w: w * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
