@@ -314,7 +314,9 @@ def _crop_cache(cache, length: int):
 def capture_layers(model, layer_ids):
     "Forward hooks on the target's decoder layers `layer_ids`; yields a dict filled with each layer's output at every forward."
     from dflash_nb.target import find_decoder_layers
+    from dflash_nb.model import check_target_layer_ids
     layers, store = find_decoder_layers(model), {}
+    check_target_layer_ids(layer_ids, len(layers))   # layer L - 1 is served after the final norm: refused, as in training
     def make(i):
         def hook(mod, args, out): store[i] = out[0] if isinstance(out, (tuple, list)) else out
         return hook
