@@ -258,6 +258,14 @@ def _as_proposer(drafter, block_size, backend, chunk):
     if hasattr(drafter, "propose"): return drafter
     return DrafterProposer(drafter, block_size=block_size, backend=backend, max_anchors=chunk)
 
+def _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend):
+    "What a decoding loop needs: block size, target layer ids, a proposer, the target's device and the prompt on it."
+    cfg = getattr(drafter, "config", None)
+    B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
+    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
+    dev = model.get_input_embeddings().weight.device
+    return B, layer_ids, _as_proposer(drafter, B, backend, 1), dev, torch.as_tensor(prompt_ids).long().to(dev)
+
 def _as_features(target, layer_ids):
     from dflash_nb.target import TargetFeatures
     if isinstance(target, TargetFeatures): return target
@@ -424,12 +432,7 @@ def speculative_generate(
 ) -> dict:
     "Speculative decoding: the drafter proposes a block, the target verifies it in one forward, accepted + bonus are committed."
     from transformers import DynamicCache
-    cfg = getattr(drafter, "config", None)
-    B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
-    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
-    proposer = _as_proposer(drafter, B, backend, 1)
-    dev = model.get_input_embeddings().weight.device
-    prompt = torch.as_tensor(prompt_ids).long().to(dev)
+    B, layer_ids, proposer, dev, prompt = _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend)
     P, mode = prompt.numel(), _cache_mode(model, cache)
     cache_kw = _model_kwargs_cache_name(model)
     kv = DynamicCache(config=model.config) if mode == "dynamic" else None
@@ -542,12 +545,7 @@ def forward_costs(
 ) -> dict:
     "Median seconds of a target forward on 1 new token (`target_1`), on a B-token block (`target_block`), and a drafter block (`drafter`)."
     from transformers import DynamicCache
-    cfg = getattr(drafter, "config", None)
-    B = int(block_size or getattr(cfg, "block_size", 0) or getattr(drafter, "block_size"))
-    layer_ids = list(layer_ids if layer_ids is not None else cfg.target_layer_ids)
-    proposer = _as_proposer(drafter, B, backend, 1)
-    dev = model.get_input_embeddings().weight.device
-    prompt = torch.as_tensor(prompt_ids).long().to(dev)
+    B, layer_ids, proposer, dev, prompt = _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend)
     P, kw = prompt.numel(), {_model_kwargs_cache_name(model): DynamicCache(config=model.config), "use_cache": True}
     with capture_layers(model, layer_ids) as store:
         model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
