@@ -168,7 +168,7 @@ class DrafterProposer:
         B, out = self.block_size, []
         for a, hid in self._hidden(input_ids, features, anchors, position_ids):
             hid = hid.reshape(a.numel() * (B - 1), -1)
-            toks = torch.cat([self.drafter.lm_head(hid[r:r + self.logits_rows]).argmax(-1) for r in range(0, hid.shape[0], self.logits_rows)])
+            toks = torch.cat([self.drafter.logits(hid[r:r + self.logits_rows]).argmax(-1) for r in range(0, hid.shape[0], self.logits_rows)])
             out.append(toks.view(a.numel(), B - 1))
         return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=self.drafter.fc.weight.device)
 
@@ -183,7 +183,7 @@ class DrafterProposer:
         "(drafts (N, B−1), q (N, B−1, V)): every slot's draft drawn from the drafter's own distribution q."
         toks, qs = [], []
         for a, hid in self._hidden(input_ids, features, anchors, position_ids):
-            q = sampling_probs(self.drafter.lm_head(hid), temperature, top_p, top_k)
+            q = sampling_probs(self.drafter.logits(hid), temperature, top_p, top_k)
             toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2])); qs.append(q)
         return torch.cat(toks), torch.cat(qs)
 

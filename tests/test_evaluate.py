@@ -411,3 +411,17 @@ def test_cli_prompts(tmp_path):
     bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
     r = subprocess.run(base + ["--prompts", str(bad)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}:2: no prompt or messages field", r.stderr
+
+
+def test_bf16_target_with_fp32_drafter(world):
+    "The GPU layout (bf16 target, so bf16 shared embedding and lm_head; fp32 drafter weights; no autocast) evaluates."
+    from dflash_nb.trainer import build_drafter
+    target = copy.deepcopy(world["target"]).to(torch.bfloat16)
+    feats = TargetFeatures(target, world["cfg"].target_layer_ids)
+    drafter = build_drafter(world["cfg"], feats, torch.device("cpu"), seed=0).eval()
+    assert drafter.fc.weight.dtype == torch.float32 and drafter.lm_head.weight.dtype == torch.bfloat16
+    walk = acceptance_length(drafter, feats, world["samples"][:3], block_size=B)
+    assert walk["samples"] == 3 and walk["tau"] >= 1
+    for kw in (dict(), dict(temperature=1.0, generator=torch.Generator().manual_seed(0))):
+        out = speculative_generate(drafter, target, world["prompts"][0], 5, block_size=B, **kw)
+        assert out["tokens"].numel() == 5
