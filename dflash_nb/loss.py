@@ -43,7 +43,7 @@ def _acc_dtype(weight: torch.Tensor) -> torch.dtype:
     "Dtype of the logits and of everything after them: fp32, or fp64 when the lm_head is fp64 (gradcheck)."
     return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
-def _check_shapes(hidden, weight, labels, valid, target_logits):
+def _check_shapes(hidden, weight, labels, valid, target_logits, target_hidden=None):
     if labels.dim() != 2 or valid.shape != labels.shape:
         raise ValueError(f"labels and valid must both be (N, B), got {tuple(labels.shape)} and {tuple(valid.shape)}")
     N, B = labels.shape
@@ -53,6 +53,10 @@ def _check_shapes(hidden, weight, labels, valid, target_logits):
     if valid.dtype != torch.bool: raise ValueError(f"valid must be a bool tensor, got {valid.dtype}")
     if target_logits is not None and tuple(target_logits.shape[-1:]) != (weight.shape[0],):
         raise ValueError(f"target_logits must end in the vocabulary size {weight.shape[0]}, got {tuple(target_logits.shape)}")
+    if target_hidden is not None:
+        if target_logits is not None: raise ValueError("pass target_logits or target_hidden, not both")
+        if tuple(target_hidden.shape[-1:]) != (weight.shape[1],) or target_hidden.numel() != N * B * weight.shape[1]:
+            raise ValueError(f"target_hidden must be (N·B, H) = ({N * B}, {weight.shape[1]}), got {tuple(target_hidden.shape)}")
     return N, B
 
 def _combine(ce, kl, pred, labels, valid, gamma, weighting, dpace_alpha, distill_weight) -> BlockLossOutput:
@@ -74,9 +78,11 @@ def naive_block_loss(hidden: torch.Tensor,         # (N·B, H) drafter hidden st
                      labels: torch.Tensor,         # (N, B) long data tokens x[a+k]
                      valid: torch.Tensor,          # (N, B) bool; slot 0 is ignored whatever it says
                      gamma: float | None = None, *, weighting: str = "decay", dpace_alpha: float = 0.5,
-                     target_logits: torch.Tensor | None = None, distill_weight: float = 1.0) -> BlockLossOutput:
+                     target_logits: torch.Tensor | None = None, distill_weight: float = 1.0,
+                     target_hidden: torch.Tensor | None = None) -> BlockLossOutput:
     "Reference loss: all N·B×V logits at once (fp32). Memory-hungry; for tests and for reading."
-    N, B = _check_shapes(hidden, lm_head_weight, labels, valid, target_logits)
+    N, B = _check_shapes(hidden, lm_head_weight, labels, valid, target_logits, target_hidden)
+    if target_hidden is not None: target_logits = target_hidden.reshape(N * B, -1).to(lm_head_weight.dtype) @ lm_head_weight.T
     valid = valid.clone(); valid[:, 0] = False
     labels = torch.where(valid, labels.long(), 0)
     logits = (hidden.to(lm_head_weight.dtype) @ lm_head_weight.T).to(_acc_dtype(lm_head_weight))  # (N·B, V) fp32
@@ -101,11 +107,17 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         except (RuntimeError, TypeError): _MM_OUT_DTYPE_OK[key] = False
     return (h @ weight.T).float()
 
+def _target_chunk(target, s: int, e: int, weight, is_hidden: bool, dtype) -> torch.Tensor:
+    "Rows s:e of the target's logits: sliced, or recomputed from its final hidden states through the shared lm_head."
+    return _chunk_logits(target[s:e], weight).to(dtype) if is_hidden else target[s:e].to(dtype)
+
 class _ChunkedLinearCE(torch.autograd.Function):
-    "Per-row CE (and optional KL to target logits) of `hidden @ weight.T`, never holding more than one chunk of logits."
+    "Per-row CE (and optional KL to the target) of `hidden @ weight.T`, never holding more than one chunk of logits."
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, target_logits, chunk_rows: int, recompute: bool = True):
+    def forward(ctx, hidden, weight, labels, target_logits, chunk_rows: int, recompute: bool = True, target_is_hidden: bool = False):
+        # target_is_hidden: `target_logits` holds the target's final hidden states (R, H) and its logits are recomputed
+        # per chunk through the same (shared) lm_head, so no (R, V) target tensor ever exists
         R = hidden.shape[0]
         f32 = dict(dtype=_acc_dtype(weight), device=hidden.device)
         # recompute=False: with a frozen lm_head and no KL term, ∂ℓ_r/∂h_r = (p_r − onehot_r)·W does not depend on the
@@ -124,7 +136,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 ce[s:e] = lse[s:e] - z.gather(1, labels[s:e, None]).squeeze(1)
                 pred[s:e] = z.argmax(-1)
                 if target_logits is not None:                              # KL(p_t || p_d) = Σ p_t (log p_t − log p_d)
-                    lt = target_logits[s:e].to(z.dtype).log_softmax(-1)
+                    lt = _target_chunk(target_logits, s, e, weight, target_is_hidden, z.dtype).log_softmax(-1)
                     z.sub_(lse[s:e, None])                                 # z is now log p_d
                     kl[s:e] = (lt.exp() * (lt - z)).sum(-1)
                 if early:
@@ -132,7 +144,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
                     ctx.dce_dh[s:e] = (p.to(weight.dtype) @ weight).to(p.dtype) - weight[labels[s:e]].to(p.dtype)
                 z = p = lt = None                                          # free this chunk before the next one
         ctx.save_for_backward(hidden, weight, labels, lse, target_logits)
-        ctx.chunk_rows = chunk_rows
+        ctx.chunk_rows, ctx.target_is_hidden = chunk_rows, target_is_hidden
         ctx.mark_non_differentiable(pred)
         if target_logits is None: ctx.mark_non_differentiable(kl)
         return ce, kl, pred
@@ -145,7 +157,7 @@ class _ChunkedLinearCE(torch.autograd.Function):
         acc = _acc_dtype(weight)
         g_ce = torch.zeros(R, dtype=acc, device=hidden.device) if g_ce is None else g_ce.to(acc)
         if ctx.dce_dh is not None:                                               # computed in forward: just scale
-            return (g_ce[:, None] * ctx.dce_dh).to(hidden.dtype), None, None, None, None, None
+            return (g_ce[:, None] * ctx.dce_dh).to(hidden.dtype), None, None, None, None, None, None
         use_kl = target_logits is not None and g_kl is not None
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
@@ -156,13 +168,14 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 g = g_ce[s:e] + g_kl[s:e].to(acc) if use_kl else g_ce[s:e]
                 dz.mul_(g[:, None]).scatter_add_(1, labels[s:e, None], -g_ce[s:e, None])  # ∂CE/∂z = p_d − onehot
                 if use_kl:                                                        # ∂KL/∂z = p_d − p_t
-                    dz.sub_(target_logits[s:e].to(acc).softmax(-1).mul_(g_kl[s:e, None].to(acc)))
+                    pt = _target_chunk(target_logits, s, e, weight, ctx.target_is_hidden, acc).softmax(-1)
+                    dz.sub_(pt.mul_(g_kl[s:e, None].to(acc))); del pt
                 if need_h: grad_h[s:e] = (dz.to(weight.dtype) @ weight).to(hidden.dtype)
                 if need_w:
                     if weight.dtype == acc: grad_w.addmm_(dz.T, hidden[s:e].to(acc))
                     else: grad_w.add_(dz.to(weight.dtype).T @ hidden[s:e].to(weight.dtype))
                 del dz
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None
+        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None, None, None
 
 # %% ../nbs/06_loss.ipynb #c71cd7b2
 DEFAULT_CHUNK_BYTES = 512 * 2**20  # fp32 logits per chunk when chunk_blocks is None
@@ -181,19 +194,22 @@ def block_loss(hidden: torch.Tensor,         # (N·B, H) drafter hidden states a
                weighting: Literal["decay", "dpace"] = "decay", # slot weights: paper's exp decay, or D-PACE (option)
                dpace_alpha: float = 0.5,     # D-PACE confidence smoothing α
                target_logits: torch.Tensor | None = None, # (N·B, V) or (N, B, V) target logits for slot k (option)
-               distill_weight: float = 1.0,  # with target_logits: per-slot term = (1−λ)·CE + λ·KL(p_t‖p_d)
+               distill_weight: float = 1.0,  # with target_logits/hidden: per-slot term = (1−λ)·CE + λ·KL(p_t‖p_d)
+               target_hidden: torch.Tensor | None = None, # (N·B, H) target's final hidden states: logits per chunk (option)
                recompute: bool = True,       # False: ∂hidden computed in forward (frozen lm_head, no KL), one GEMM fewer
                ) -> BlockLossOutput:
     "Decayed block CE over N blocks of B slots, computed chunk by chunk with recomputation in backward."
-    N, B = _check_shapes(hidden, lm_head_weight, labels, valid, target_logits)
+    N, B = _check_shapes(hidden, lm_head_weight, labels, valid, target_logits, target_hidden)
     V = lm_head_weight.shape[0]
     chunk_blocks = auto_chunk_blocks(B, V) if chunk_blocks is None else int(chunk_blocks)
     if chunk_blocks < 1: raise ValueError(f"chunk_blocks must be >= 1, got {chunk_blocks}")
     valid = valid.clone(); valid[:, 0] = False
     labels = torch.where(valid, labels.long(), 0)
     tl = None if target_logits is None else target_logits.reshape(N * B, V)
+    if target_hidden is not None: tl = target_hidden.reshape(N * B, -1)
     recompute = recompute or not torch.is_grad_enabled()              # no graph, no gradient to precompute
-    ce, kl, pred = _ChunkedLinearCE.apply(hidden, lm_head_weight, labels.reshape(-1), tl, chunk_blocks * B, recompute)
+    ce, kl, pred = _ChunkedLinearCE.apply(hidden, lm_head_weight, labels.reshape(-1), tl, chunk_blocks * B, recompute,
+                                          target_hidden is not None)
     return _combine(ce.view(N, B), None if tl is None else kl.view(N, B), pred.view(N, B),
                     labels, valid, gamma, weighting, dpace_alpha, distill_weight)
 
