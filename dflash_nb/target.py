@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'default_target_layer_ids', 'find_decoder_layers', 'tiny_target', 'load_target',
-           'document_spans', 'bucket_spans', 'TargetFeatures']
+__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'default_target_layer_ids', 'find_decoder_layers', 'find_final_norm', 'tiny_target',
+           'load_target', 'document_spans', 'bucket_spans', 'TargetFeatures']
 
 # %% ../nbs/07_target.ipynb #2bef4002
 def default_target_layer_ids(
@@ -45,6 +45,17 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     if dec is not None and dec is not model:
         with contextlib.suppress(ValueError): return find_decoder_layers(dec)
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}; tried {', '.join(_LAYER_PATHS)}")
+
+_NORM_PATHS = ("model.norm", "model.language_model.norm", "language_model.model.norm", "model.model.norm",
+               "model.decoder.final_layer_norm", "transformer.ln_f", "norm")
+
+def find_final_norm(model: nn.Module) -> nn.Module:
+    "The final norm of a transformers decoder: its output is the hidden state the lm_head reads (HF `hidden_states[-1]`)."
+    for p in _NORM_PATHS:
+        norm = _get_path(model, p)
+        if isinstance(norm, nn.Module): return norm
+    raise ValueError(f"cannot find the final norm of {type(model).__name__}; tried {', '.join(_NORM_PATHS)}")
+
 
 # %% ../nbs/07_target.ipynb #b547632b
 QWEN3_PAD_ID, QWEN3_EOS_ID = 151643, 151645  # <|endoftext|>, <|im_end|> in the Qwen3 tokenizer
@@ -150,7 +161,8 @@ class TargetFeatures:
         layer_ids: list[int],            # id i = output of decoder layer i (= HF hidden_states[i+1])
         max_batch_tokens: int = 16384,   # padded tokens per micro-batch (n_docs × longest doc)
         use_attention_mask: bool = True, # pass the padding mask (right padding is causal-safe without it too)
-    ):
+        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's logits
+    ):                                   # through the shared lm_head, for distillation; the forward then runs every layer
         self.model = model.eval().requires_grad_(False)
         self.layers = find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
@@ -158,6 +170,7 @@ class TargetFeatures:
         from dflash_nb.model import check_target_layer_ids   # the serving stacks' rule on layer ids
         check_target_layer_ids(self.layer_ids, len(self.layers))
         self.last_layer = max(self.layer_ids)
+        self.final_norm = find_final_norm(model) if final_hidden else None
         self.max_batch_tokens, self.use_attention_mask = int(max_batch_tokens), use_attention_mask
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.hidden_size = int(cfg.hidden_size)
@@ -168,6 +181,8 @@ class TargetFeatures:
     def num_features(self) -> int: return len(self.layer_ids)
     @property
     def feature_size(self) -> int: return self.num_features * self.hidden_size
+    @property
+    def output_size(self) -> int: return self.feature_size + (self.hidden_size if self.final_norm is not None else 0)
     @property
     def embed_tokens(self) -> nn.Module: return self.model.get_input_embeddings()
     @property
@@ -182,9 +197,12 @@ class TargetFeatures:
         def make(i):
             def hook(mod, args, out):
                 store[i] = _layer_output(out)
-                if i == self.last_layer: raise _StopForward
+                if i == self.last_layer and self.final_norm is None: raise _StopForward
             return hook
+        def final(mod, args, out):   # after the final norm: skip the lm_head over every position
+            store["final"] = _layer_output(out); raise _StopForward
         handles = [self.layers[i].register_forward_hook(make(i)) for i in sorted(set(self.layer_ids))]
+        if self.final_norm is not None: handles.append(self.final_norm.register_forward_hook(final))
         try: yield
         finally:
             for h in handles: h.remove()
@@ -206,9 +224,9 @@ class TargetFeatures:
         input_ids: torch.Tensor,  # (S,) long, one packed row
         doc_ids: torch.Tensor,    # (S,) long, −1 = padding
     ) -> torch.Tensor:
-        "Features `(S, n_t·H)` of a packed row; each document runs in isolation; zeros at padding."
+        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); each document alone; zeros at padding."
         S, H, dev = input_ids.shape[0], self.hidden_size, self.device
-        out = torch.zeros(S, self.feature_size, dtype=self.dtype, device=dev)
+        out = torch.zeros(S, self.output_size, dtype=self.dtype, device=dev)
         input_ids = input_ids.to(dev)
         for batch in bucket_spans(document_spans(doc_ids), self.max_batch_tokens):
             lens = torch.tensor([e - s for s, e in batch], device=dev)
@@ -220,4 +238,5 @@ class TargetFeatures:
             with torch.no_grad():
                 for j, lid in enumerate(self.layer_ids):
                     out[rows, j * H:(j + 1) * H] = store[lid].to(dev)[valid].to(out.dtype)  # layers may sit on other GPUs
+                if self.final_norm is not None: out[rows, self.feature_size:] = store["final"].to(dev)[valid].to(out.dtype)
         return out

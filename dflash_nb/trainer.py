@@ -7,21 +7,21 @@ from __future__ import annotations
 import contextlib, hashlib, json, math, os, queue, random, re, resource, shutil, signal, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
 from .config import opt, to_dict, from_dict, save_config, ConfigError
 
 # %% auto #0
-__all__ = ['TargetConfig', 'OptimConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig', 'stable_seed', 'RowStream',
-           'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch', 'Stopwatch',
-           'FeatureProducer', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside', 'read_latest', 'rng_state',
-           'set_rng_state', 'save_rngs', 'load_rngs', 'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint',
-           'load_checkpoint', 'RunLock', 'split_s3', 's3_client', 's3_permanent', 'S3Uploader', 'download_checkpoint',
-           'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter',
-           'warm_start_config', 'load_warm_start', 'check_template', 'load_samples', 'NonFiniteError', 'pick_backend',
-           'train', 'drafter_lm_head_weight']
+__all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig', 'stable_seed',
+           'RowStream', 'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch',
+           'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError', 'checkpoint_name',
+           'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
+           'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 'split_s3',
+           's3_client', 's3_permanent', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics',
+           'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start',
+           'check_template', 'load_samples', 'NonFiniteError', 'pick_backend', 'train', 'drafter_lm_head_weight']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -46,7 +46,7 @@ def _fits_block(max_tokens: int, cfg) -> str | None:
 class TargetConfig:
     path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed weights (demo, tests)")
     tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 tokenizer for the tiny target)")
-    dtype: str = opt("auto", "target weight dtype: auto (bfloat16 on GPU, float32 on CPU), bfloat16, float16, float32")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt("auto", "target weight dtype: auto = bfloat16 on GPU, float32 on CPU")
     attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, flash_attention_2, ...)")
     max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)", keys=_tiny_keys)
@@ -60,6 +60,13 @@ class OptimConfig:
     warmup_frac: float = opt(0.04, "share of the steps with linear warmup", min=0, max=1)
     min_lr_frac: float = opt(0.0, "cosine floor as a fraction of lr", min=0, max=1)
     clip: float = opt(1.0, "gradient-norm clip", gt=0)
+
+@dataclass
+class LossConfig:
+    weighting: Literal["decay", "dpace"] = opt("decay", "slot weights: decay = exp(-(k-1)/gamma) per slot k; dpace = D-PACE, from the drafter's own per-slot confidence")
+    dpace_alpha: float = opt(0.5, "D-PACE smoothing of the confidences toward 1", gt=0, max=1)
+    distill_weight: float = opt(0.0, "online distillation: per slot (1-w)·CE(data token) + w·KL(target || drafter), the target's logits "
+                                     "recomputed in the loss from its final hidden state (every target layer runs); 0 = off", min=0, max=1)
 
 @dataclass
 class CheckpointConfig:
@@ -88,11 +95,11 @@ class TrainConfig:
     max_anchors: int = opt(512, "anchors (draft blocks) sampled per row, resampled every step", min=1)
     gamma: Optional[float] = opt(None, "loss decay over block slots; None = default_gamma(block_size)", gt=0)
     loss_chunk_blocks: int = opt(64, "blocks per chunk of the vocabulary projection in the loss (bounds peak memory)", min=1)
-    backend: str = opt("auto", "attention backend: auto (probe), flex, triton, sdpa")
+    backend: Literal["auto", "flex", "triton", "sdpa"] = opt("auto", "attention backend: auto = probe flex, then triton, then sdpa")
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], [cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain sequential loop")
     queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
-    amp: str = opt("auto", "autocast: auto (bfloat16 on GPU, off on CPU), bfloat16, off; master weights stay fp32")
+    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU, off on CPU; master weights stay fp32")
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
@@ -101,6 +108,7 @@ class TrainConfig:
     target: TargetConfig = opt(TargetConfig(), "the frozen target")
     drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, sliding_window, ...)", keys=_drafter_schema)
     optim: OptimConfig = opt(OptimConfig(), "optimizer and schedule")
+    loss: LossConfig = opt(LossConfig(), "slot weighting and online distillation")
     checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints and S3 upload")
     fault: FaultConfig = opt(FaultConfig(), "fault injection for tests", hidden=True)
 
@@ -198,6 +206,7 @@ class Batch:
     block_ids: torch.Tensor; block_pos: torch.Tensor    # (N·B,)
     n_tokens: int = 0; n_loss_tokens: int = 0           # host counts (for tokens/s without a sync)
     features: Optional[torch.Tensor] = None             # (S, n_t·H) on the drafter device
+    target_final: Optional[torch.Tensor] = None         # (S, H) the target's final-norm states (distillation only)
     ready: Optional[object] = None                      # CUDA event recorded after the copy (None on CPU)
 
     def tensors(self) -> dict: return {k: getattr(self, k) for k in _ROW_KEYS}
@@ -251,7 +260,8 @@ class FeatureProducer:
     "Producer of `Batch`es with target features on the drafter device: a background thread with a bounded queue, or inline."
     def __init__(self,
                  make: callable,              # (step, micro) -> host Batch
-                 features: callable,          # (input_ids, doc_ids) -> (S, n_t·H) on the target device
+                 features: callable,          # (input_ids, doc_ids) -> (S, n_t·H) on the target device, or a pair
+                                              # (features, (S, H) final-norm states) when the loss distils
                  start_step: int, steps: int, accum: int,
                  target_device: torch.device, drafter_device: torch.device,
                  depth: int = 2, threaded: bool = True):
@@ -280,6 +290,7 @@ class FeatureProducer:
         with self._ctx(self.target_stream):
             t = self.target_clock.start()
             feats = self.features(b.input_ids, b.doc_ids)
+            feats, final = feats if isinstance(feats, tuple) else (feats, None)
             self.target_clock.stop(t)
         copy = self.copy_stream or self.target_stream
         with self._ctx(self.recv_stream), self._ctx(copy):
@@ -290,10 +301,11 @@ class FeatureProducer:
             for k, v in b.tensors().items():   # small host tensors: pinned, asynchronous
                 setattr(b, k, (v.pin_memory() if pin else v).to(self.ddev, non_blocking=True))
             b.features = feats.to(self.ddev, non_blocking=True)
+            if final is not None: b.target_final = final.to(self.ddev, non_blocking=True)
             self.copy_clock.stop(t)
             if copy is not None:  # recorded where every copy of this batch has landed (the peer copy joins recv_stream)
                 b.ready = torch.cuda.Event(); b.ready.record(self.recv_stream or copy)
-        if self.ddev != self.tdev: self.bytes += feats.numel() * feats.element_size()
+        if self.ddev != self.tdev: self.bytes += sum(t.numel() * t.element_size() for t in (feats, final) if t is not None)
         return b
 
     def _run(self):
@@ -328,6 +340,32 @@ class FeatureProducer:
             while self.thread.is_alive():
                 with contextlib.suppress(queue.Empty): self.q.get_nowait()
                 self.thread.join(timeout=0.05)
+
+# %% ../nbs/08_trainer.ipynb #ac3386b1
+def distill_features(features):
+    "The producer's features callable when the loss distils: (features, final-norm states) of a row, from one target forward."
+    from dflash_nb.target import TargetFeatures
+    full = TargetFeatures(features.model, features.layer_ids, features.max_batch_tokens, features.use_attention_mask,
+                          final_hidden=True)
+    F = full.feature_size
+    def both(input_ids, doc_ids):
+        f = full(input_ids, doc_ids)
+        return f[:, :F], f[:, F:]
+    return both
+
+def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
+    "The block loss of one batch per `cfg.loss`; with distillation, target logits for slot k of anchor a from position a+k−1."
+    from dflash_nb.loss import block_loss
+    lc, target_hidden = cfg.loss, None
+    if lc.distill_weight > 0:
+        if b.target_final is None: raise ValueError("loss.distill_weight > 0 needs the target's final states (distill_features)")
+        N, B = b.labels.shape
+        rows = b.anchors[:, None] + torch.arange(B, device=b.anchors.device) - 1
+        rows = rows.clamp(0, b.target_final.shape[0] - 1)   # slot 0 and slots past the row's end are never scored
+        target_hidden = b.target_final[rows.reshape(-1)]
+    return block_loss(hidden, lm_head_w, b.labels, b.valid, gamma=cfg.gamma, chunk_blocks=cfg.loss_chunk_blocks,
+                      weighting=lc.weighting, dpace_alpha=lc.dpace_alpha,
+                      target_hidden=target_hidden, distill_weight=lc.distill_weight)
 
 # %% ../nbs/08_trainer.ipynb #c74d6ce9
 class CheckpointError(ValueError):
@@ -1018,7 +1056,7 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
 def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     from dflash_nb.data import load_manifest, load_tokenizer
     from dflash_nb.attention import AnchorBlockLayout
-    from dflash_nb.loss import block_loss, expected_acceptance_length
+    from dflash_nb.loss import expected_acceptance_length
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.devices, local_rank)
@@ -1151,7 +1189,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     mk = lambda step, micro: make_batch(samples, stream, rank_row(step, micro, cfg.global_batch, rank, world), step, micro,
                                         max_tokens=cfg.max_tokens, block_size=B, max_anchors=cfg.max_anchors,
                                         mask_token_id=dcfg.mask_token_id, seed=cfg.seed)
-    producer = FeatureProducer(mk, features, start, cfg.steps, accum, tdev, ddev, cfg.queue_depth, threaded=cfg.pipeline)
+    producer = FeatureProducer(mk, distill_features(features) if cfg.loss.distill_weight > 0 else features, start, cfg.steps, accum, tdev, ddev, cfg.queue_depth, threaded=cfg.pipeline)
     drafter_clock = Stopwatch(ddev)
     if rank == 0:
         log.print(f"{log_prefix}training {sum(p.numel() for p in params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
@@ -1174,7 +1212,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
                 with sync:
                     with _autocast(cfg, ddev):
                         hidden = model(b.features, b.position_ids, b.block_ids, b.block_pos, layout=layout, backend=backend)
-                        out = block_loss(hidden, lm_head_w, b.labels, b.valid, gamma=cfg.gamma, chunk_blocks=cfg.loss_chunk_blocks)
+                        out = step_loss(hidden, lm_head_w, b, cfg)
                     loss = out.loss * float("nan") if step in nan_steps else out.loss
                     (loss / accum).backward()
                 drafter_clock.stop(t)

@@ -30,6 +30,20 @@ def test_pipelined_equals_sequential(tmp_path, data_dir):
     _close(wp, ws, atol=0, rtol=0)
 
 
+def test_distillation_and_dpace_train(tmp_path, data_dir):
+    "train.loss: online distillation (the target's final states ride with the features) and D-PACE run in the real loop, "
+    "pipelined or not with the same result, and change the training signal."
+    plain = losses(Path(train(train_cfg(tmp_path / "ce", data_dir, steps=3, pipeline=False))["run_dir"]))
+    runs = {}
+    for mode in (True, False):
+        s = train(train_cfg(tmp_path / f"kd{int(mode)}", data_dir, steps=3, pipeline=mode,
+                            loss={"distill_weight": 0.5, "weighting": "dpace"}))
+        runs[mode] = losses(tmp_path / f"kd{int(mode)}")
+    assert sorted(runs[True]) == [1, 2, 3]
+    for k in runs[True]: assert abs(runs[True][k] - runs[False][k]) <= 1e-6 * max(1, abs(runs[False][k]))
+    assert all(abs(runs[True][k] - plain[k]) > 1e-3 for k in plain)
+
+
 def test_data_order_one_rank_equals_two():
     "The row stream sliced for 2 ranks with G/2 each is, step by step, the 1-rank slice with G."
     s = RowStream([30, 70, 20, 90, 40, 10, 60, 50, 80], max_tokens=120, seed=5)
