@@ -11,11 +11,23 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .config import opt
-from .target import default_target_layer_ids
 
 # %% auto #0
-__all__ = ['LayerType', 'check_target_layer_ids', 'DrafterConfig', 'resolve_mask_token_id', 'RMSNorm', 'MLP', 'apply_rope',
-           'DrafterAttention', 'DrafterLayer', 'DFlashDrafter']
+__all__ = ['LayerType', 'default_target_layer_ids', 'check_target_layer_ids', 'DrafterConfig', 'resolve_mask_token_id', 'RMSNorm',
+           'MLP', 'apply_rope', 'DrafterAttention', 'DrafterLayer', 'DFlashDrafter']
+
+# %% ../nbs/05_model.ipynb #234bc88d
+def default_target_layer_ids(
+    num_target_layers: int,  # decoder layers in the target (L)
+    num_features: int = 5,   # how many layers to tap (n_t)
+) -> list[int]:
+    "z-lab's default target layer ids: `round(1 + i·(L−4)/(n_t−1))`, i.e. evenly spread over layers 1..L−3."
+    L, n = int(num_target_layers), int(num_features)
+    if n < 1: raise ValueError(f"num_features must be >= 1, got {n}")
+    if L < 2: raise ValueError(f"num_target_layers must be >= 2, got {L}")
+    if n == 1: return [L // 2]
+    start, end = 1, max(L - 3, 1)
+    return [int(round(start + i * (end - start) / (n - 1))) for i in range(n)]
 
 # %% ../nbs/05_model.ipynb #486e8a68
 LayerType = Literal["full", "sliding"]
