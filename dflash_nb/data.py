@@ -16,13 +16,14 @@ from .config import opt, ConfigError, ExpectedError, load_config, to_dict, valid
 
 # %% auto #0
 __all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 'template_fingerprint', 'tokenizer_parts',
-           'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_record',
-           'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets', 'mask_range',
-           'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 's3_client', 'list_inputs', 'S3RangeReader',
-           'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
-           'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
-           'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
-           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main', 'cli']
+           'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_messages',
+           'normalize_record', 'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets',
+           'mask_range', 'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 's3_client', 'list_inputs',
+           'S3RangeReader', 'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line',
+           'shard_path', 'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError',
+           'CorruptFileError', 'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest',
+           'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl',
+           'main', 'cli']
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
@@ -163,7 +164,8 @@ def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
         if reasoning is not None: out["reasoning_content"] = reasoning
     return out
 
-def _messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
+def normalize_messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
+    "A list of chat messages, each normalised as in `normalize_record` (fields renamed, roles mapped and checked, reasoning split out)."
     if not isinstance(msgs, list): raise RecordError("wrong_type", f"messages must be a list, got {type(msgs).__name__}")
     if not msgs: raise RecordError("empty_conversation", "the conversation has no messages")
     return [_message(m, i, field_map, role_map, roles) for i, m in enumerate(msgs)]
@@ -175,12 +177,12 @@ def normalize_record(rec, field_map: dict | None = None, role_map: dict | None =
     rec = _rename(rec, field_map)
     comp_key = next((k for k in _COMPLETION_KEYS if k in rec), None)
     if comp_key is None and "messages" in rec:                        # shape 1: OpenAI chat
-        msgs = _messages(rec["messages"], field_map, role_map, roles)
+        msgs = normalize_messages(rec["messages"], field_map, role_map, roles)
     else:                                                             # shape 2 (and 3): flat fields
         prompt = rec.get("prompt", rec.get("messages"))
         if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for other names)")
         if comp_key is None: raise RecordError("missing_field", f"no completion field ({'/'.join(_COMPLETION_KEYS)})")
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt, field_map, role_map, roles)
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else normalize_messages(prompt, field_map, role_map, roles)
         if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
             msgs.insert(0, {"role": "system", "content": rec["system"]})
         reasoning = next((rec[k] for k in _REASONING_KEYS if rec.get(k) is not None), None)

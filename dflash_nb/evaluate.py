@@ -574,7 +574,7 @@ def read_prompt_file(
     role_map: dict | None = None,  # rename roles (default: ShareGPT's human/gpt)
 ) -> list[list[dict]]:
     "The conversations to continue, one per record; a final assistant turn is dropped."
-    from dflash_nb.data import _messages, RecordError
+    from dflash_nb.data import normalize_messages, RecordError
     role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
     p, out = Path(path), []
     if not p.is_file(): raise PromptFileError(f"{p}: no such prompt file")
@@ -585,7 +585,7 @@ def read_prompt_file(
         try:
             if not isinstance(rec, dict): raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
             if isinstance(rec.get("prompt"), str): msgs = [{"role": "user", "content": rec["prompt"]}]
-            elif "messages" in rec or "prompt" in rec: msgs = _messages(rec.get("messages", rec.get("prompt")), {}, role_map)
+            elif "messages" in rec or "prompt" in rec: msgs = normalize_messages(rec.get("messages", rec.get("prompt")), {}, role_map)
             else: raise RecordError("missing_field", "no prompt or messages field")
             if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
                 msgs.insert(0, {"role": "system", "content": rec["system"]})
@@ -676,7 +676,7 @@ def load_drafter_dir(
     target_model,          # the target CausalLM whose embedding and lm_head the drafter shares
 ):
     "A drafter from an export or a training checkpoint, sharing `target_model`'s embedding and lm_head."
-    from dflash_nb.export import load_exported_drafter, checkpoint_drafter_config, _checkpoint_weights
+    from dflash_nb.export import load_exported_drafter, checkpoint_drafter_config, checkpoint_weights
     embed, head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
     p = Path(path)
     if (p / "config.json").exists(): return load_exported_drafter(p, embed, head)
@@ -684,7 +684,7 @@ def load_drafter_dir(
     from dflash_nb.trainer import resolve_checkpoint
     d = resolve_checkpoint(p)
     dr = DFlashDrafter(checkpoint_drafter_config(d), embed, head)
-    dr.load_trainable_state_dict({k.removeprefix("module."): v for k, v in _checkpoint_weights(d).items()})
+    dr.load_trainable_state_dict({k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()})
     return dr.to(embed.weight.device).eval()
 
 # %% ../nbs/09_evaluate.ipynb #9d33bfe1

@@ -12,7 +12,8 @@ from torch import nn
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
            'write_modeling_code', 'serving_state_dict', 'check_export_dir', 'export_drafter', 'read_exported_config',
-           'load_exported_drafter', 'checkpoint_drafter_config', 'export_checkpoint', 'main', 'cli']
+           'load_exported_drafter', 'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'main',
+           'cli']
 
 # %% ../nbs/10_export.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"
@@ -254,7 +255,8 @@ def checkpoint_drafter_config(ckpt):
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
 
-def _checkpoint_weights(d: Path) -> dict:
+def checkpoint_weights(d: Path) -> dict:
+    "The drafter's weights in a training checkpoint (`drafter.safetensors`) or a serving directory (`model.safetensors`)."
     from safetensors.torch import load_file
     for name in ("drafter.safetensors", "model.safetensors"):
         if (d / name).exists(): return read_safetensors(d / name)
@@ -283,7 +285,7 @@ def export_checkpoint(
     check_export_dir(out_dir, overwrite)   # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     cfg = checkpoint_drafter_config(d)
-    sd = {k.removeprefix("module."): v for k, v in _checkpoint_weights(d).items()}
+    sd = {k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)
     step = json.loads((d / "state.json").read_text()).get("step") if (d / "state.json").exists() else None
     return export_drafter(sd, cfg, out_dir, dtype=dtype, metadata={"checkpoint": d.name, "step": step}, overwrite=overwrite,
