@@ -8,6 +8,7 @@ import argparse, contextlib, dataclasses, json, os, shutil, sys
 from pathlib import Path
 import torch
 from torch import nn
+from .storage import fsync_dir, fsync_file, temp_sibling
 
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
@@ -121,9 +122,6 @@ def serving_state_dict(
     if bad: raise ValueError(f"unexpected tensors for the serving format: {bad[:5]}")
     return out
 
-def _fsync(path: Path):
-    with open(path, "rb") as f: os.fsync(f.fileno())
-
 _EXPORT_MARK = ".dflash_nb_export.json"   # the files an export wrote: what a later --overwrite may replace
 
 def _export_files(out: Path):
@@ -179,7 +177,7 @@ def export_drafter(
     cfg = drafter_config.validate()
     sd = serving_state_dict(drafter_or_state, dtype)
     out = Path(out_dir); check_export_dir(out, overwrite); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = temp_sibling(out)
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     dt = str(next(iter(sd.values())).dtype).removeprefix("torch.")
     conf = serving_config(cfg, dtype=dt)
@@ -188,13 +186,12 @@ def export_drafter(
     meta = {"format": "pt", "producer": "dflash_nb", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
     (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
-    for f in tmp.iterdir(): _fsync(f)
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    for f in tmp.iterdir(): fsync_file(f)
+    old = temp_sibling(out, "old")
     if out.exists(): check_export_dir(out, True); os.rename(out, old)  # the old export stays complete until the new one is in place
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)   # a previous export: only files it wrote (checked above)
-    with contextlib.suppress(OSError):
-        fd = os.open(out.parent, os.O_RDONLY); os.fsync(fd); os.close(fd)
+    fsync_dir(out.parent)
     return out
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
