@@ -13,12 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 from .config import opt, ConfigError, ExpectedError, load_config, to_dict, validate_config, run_cli
+from .storage import atomic_writer, atomic_write_text, s3_client, split_s3
 
 # %% auto #0
 __all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 'template_fingerprint', 'tokenizer_parts',
-           'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_record',
-           'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets', 'mask_range',
-           'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 's3_client', 'list_inputs', 'S3RangeReader',
+           'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_messages',
+           'normalize_record', 'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets',
+           'mask_range', 'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 'list_inputs', 'S3RangeReader',
            'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
            'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
            'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
@@ -163,7 +164,8 @@ def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
         if reasoning is not None: out["reasoning_content"] = reasoning
     return out
 
-def _messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
+def normalize_messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
+    "A list of chat messages, each normalised as in `normalize_record` (fields renamed, roles mapped and checked, reasoning split out)."
     if not isinstance(msgs, list): raise RecordError("wrong_type", f"messages must be a list, got {type(msgs).__name__}")
     if not msgs: raise RecordError("empty_conversation", "the conversation has no messages")
     return [_message(m, i, field_map, role_map, roles) for i, m in enumerate(msgs)]
@@ -175,12 +177,12 @@ def normalize_record(rec, field_map: dict | None = None, role_map: dict | None =
     rec = _rename(rec, field_map)
     comp_key = next((k for k in _COMPLETION_KEYS if k in rec), None)
     if comp_key is None and "messages" in rec:                        # shape 1: OpenAI chat
-        msgs = _messages(rec["messages"], field_map, role_map, roles)
+        msgs = normalize_messages(rec["messages"], field_map, role_map, roles)
     else:                                                             # shape 2 (and 3): flat fields
         prompt = rec.get("prompt", rec.get("messages"))
         if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for other names)")
         if comp_key is None: raise RecordError("missing_field", f"no completion field ({'/'.join(_COMPLETION_KEYS)})")
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else _messages(prompt, field_map, role_map, roles)
+        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else normalize_messages(prompt, field_map, role_map, roles)
         if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
             msgs.insert(0, {"role": "system", "content": rec["system"]})
         reasoning = next((rec[k] for k in _REASONING_KEYS if rec.get(k) is not None), None)
@@ -363,23 +365,9 @@ def _list_local(spec: str) -> list[InputFile]:
     return out
 
 # %% ../nbs/01_data.ipynb #44993fc3
-_S3_CLIENTS: dict = {}
-def s3_client(cfg: DataConfig | None = None):
-    "A boto3 S3 client (one per process and endpoint) with the standard credential chain and retry mode."
-    cfg = cfg or DataConfig()
-    key = (cfg.s3_endpoint_url, cfg.s3_retries)
-    if key not in _S3_CLIENTS:
-        import boto3
-        from botocore.config import Config
-        _S3_CLIENTS[key] = boto3.session.Session().client(
-            "s3", endpoint_url=cfg.s3_endpoint_url,
-            config=Config(retries={"max_attempts": cfg.s3_retries + 1, "mode": "standard"}, s3={"addressing_style": "path"}))
-    return _S3_CLIENTS[key]
-
-def _split_s3(uri: str) -> tuple[str, str]:
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    if not bucket: raise InputError(f"{uri}: no bucket")
-    return bucket, key
+def _s3(cfg: DataConfig):
+    "The process's S3 client for `cfg` (chapter Storage): `cfg.s3_retries` retries by botocore, one client for every reader."
+    return s3_client(cfg.s3_endpoint_url, retries=cfg.s3_retries, reuse=True)
 
 def _s3_keys(client, bucket: str, prefix: str, page_size: int):
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}):
@@ -387,18 +375,19 @@ def _s3_keys(client, bucket: str, prefix: str, page_size: int):
             if not o["Key"].endswith("/"): yield o["Key"], o["Size"]
 
 def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
+    try: bucket = split_s3(spec)[0]
+    except ValueError as err: raise InputError(f"input {err}") from None
     try: objs, base = _s3_objects(spec, cfg)
     except (InputError, FileNotFoundError): raise
     except Exception as err:                          # credentials, endpoint, no bucket, access denied: one line naming the input
         raise InputError(f"input {spec}: S3 error: {' '.join(str(err).split())[:300]}") from None
     if not objs: raise InputError(f"input {spec} matches no objects")
-    bucket = _split_s3(spec)[0]
     strip = len(base) + 1 if base else 0
     return sorted((InputFile(f"s3://{bucket}/{k}", k[strip:], n) for k, n in objs), key=lambda f: f.name)
 
 def _s3_objects(spec: str, cfg: DataConfig) -> tuple[list, str]:
-    bucket, key = _split_s3(spec)
-    client = s3_client(cfg)
+    bucket, key = split_s3(spec)
+    client = _s3(cfg)
     if _has_glob(key):
         base = _glob_base(key)
         prefix = key[:min(key.index(c) for c in _GLOB if c in key)]
@@ -478,8 +467,8 @@ def open_input(f: InputFile, start: int = 0, cfg: DataConfig | None = None):
     "A buffered binary stream over `f` from byte `start` (local file or S3 object)."
     cfg = cfg or DataConfig()
     if f.uri.startswith("s3://"):
-        bucket, key = _split_s3(f.uri)
-        return io.BufferedReader(S3RangeReader(s3_client(cfg), bucket, key, start, cfg.s3_retries, cfg.s3_backoff_s), 1 << 20)
+        bucket, key = split_s3(f.uri)
+        return io.BufferedReader(S3RangeReader(_s3(cfg), bucket, key, start, cfg.s3_retries, cfg.s3_backoff_s), 1 << 20)
     fh = open(f.uri, "rb", buffering=1 << 20)
     fh.seek(start)
     return fh
@@ -612,7 +601,7 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
         if len(pending) >= cfg.batch_size: flush()
     flush()
     if task.chunk == 0 and task.end == task.file.size and st["records"] == 0: _malformed(st, "empty_file", -1, 0, "the file holds no records")
-    _write_atomic(shard_path(out_dir, task.index), batches, st)
+    _write_shard_file(shard_path(out_dir, task.index), batches, st)
     return st
 
 def _read_range(task: ShardTask, cfg: DataConfig):
@@ -623,23 +612,11 @@ def _read_range(task: ShardTask, cfg: DataConfig):
     except Exception as err:
         raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
 
-def _write_atomic(path: Path, batches: list, stats: dict):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+def _write_shard_file(path: Path, batches: list, stats: dict):
+    "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
     schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
-    with open(tmp, "wb") as raw:
-        with pa.ipc.new_file(raw, schema) as w:
-            for b in batches: w.write_batch(b)
-        raw.flush(); os.fsync(raw.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-def _fsync_dir(d: Path):
-    "Make a rename durable (POSIX: the directory entry is data of the directory)."
-    try:
-        fd = os.open(d, os.O_RDONLY)
-        try: os.fsync(fd)
-        finally: os.close(fd)
-    except OSError: pass
+    with atomic_writer(path) as raw, pa.ipc.new_file(raw, schema) as w:   # the Arrow footer is written before the rename
+        for b in batches: w.write_batch(b)
 
 def shard_stats(path) -> Optional[dict]:
     "The statistics stored in a finished shard, or None if `path` is missing or not a complete shard."
@@ -759,10 +736,9 @@ def _die_with_parent(parent: Optional[int]):
 
 _WORKER: dict = {}
 def _init_forked(parent: Optional[int] = None):
-    "Set-up of a forked worker: it inherited the encoder; it must not share the parent's S3 connections."
+    "Set-up of a forked worker: it inherited the encoder (and none of the parent's S3 clients: chapter Storage drops them in a child)."
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
-    _S3_CLIENTS.clear()
 
 def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook); the worker rebuilds the parent's exact backend tokenizer from its JSON."
@@ -802,9 +778,7 @@ def _stripped_message(a: dict) -> str:
             f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
 
 def _atomic_json(path: Path, obj):
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
 # %% ../nbs/01_data.ipynb #bc54484d
 def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1) -> tuple[dict, float, float]:
@@ -841,7 +815,8 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
     return stats, busy, cpu
 
 # %% ../nbs/01_data.ipynb #8984333d
-_OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp\d+)\Z")
+# the files this program writes, and their temp files (`.NAME.tmp-PID`, chapter Storage; `.NAME.tmpPID` before it)
+_OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp-?\d+)\Z")
 
 def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     """Check, touching nothing, that `out_dir` may receive data set `ds`: it is missing or empty, holds this data set (a
@@ -979,20 +954,27 @@ def load_manifest(out_dir) -> dict:
 class DataMismatchError(ExpectedError, ValueError):
     "The data set was made with another tokenizer or chat template than the one it is used with."
 
-def check_template(manifest: dict, tokenizer):
+def check_template(
+    manifest: dict,  # the data set's manifest.json
+    tokenizer,       # the target's tokenizer
+    data_dir=None,   # the data set's directory: the message then says that training on it is refused
+):
     "Raise `DataMismatchError` saying what differs when the data set was rendered with another chat template (or settings) or another tokenizer than `tokenizer`'s."
     kw = manifest.get("template_kwargs") or {}
     fp = template_fingerprint(tokenizer, kw)
-    if manifest.get("template_fingerprint") != fp:
-        raise DataMismatchError(f"the data was made with another chat template ({manifest.get('template_fingerprint')}) than the target's "
-                                f"({fp}, rendered with {kw}): re-tokenize it with the target's tokenizer")
     ours, theirs = tokenizer_parts(tokenizer), manifest.get("tokenizer_parts")
     if theirs is None:
         diff = [] if manifest.get("tokenizer_fingerprint") == tokenizer_fingerprint(tokenizer) else ["fingerprint"]
     else: diff = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
-    if diff:
-        raise DataMismatchError(f"the data was made with another tokenizer than the target's (different: {', '.join(diff)}): "
-                                f"re-tokenize it with the target's tokenizer")
+    if manifest.get("template_fingerprint") != fp:
+        why = (f"the data was made with another chat template ({manifest.get('template_fingerprint')}) than the target's "
+               f"({fp}, rendered with {kw}): re-tokenize it with the target's tokenizer")
+    elif diff:
+        why = (f"the data was made with another tokenizer than the target's (different: {', '.join(diff)}): "
+               f"re-tokenize it with the target's tokenizer")
+    else: return
+    if data_dir is not None: why = f"refusing to train on {data_dir}: {why} (python -m dflash_nb.data ...)"
+    raise DataMismatchError(why)
 
 class ShardDataset:
     "The samples of a tokenized data set, memory-mapped: `len`, `ds[i]` -> dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source); duplicates left out."

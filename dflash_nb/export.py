@@ -8,11 +8,13 @@ import argparse, contextlib, dataclasses, json, os, shutil, sys
 from pathlib import Path
 import torch
 from torch import nn
+from .storage import fsync_dir, fsync_file, temp_sibling
 
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
            'write_modeling_code', 'serving_state_dict', 'check_export_dir', 'export_drafter', 'read_exported_config',
-           'load_exported_drafter', 'checkpoint_drafter_config', 'export_checkpoint', 'main', 'cli']
+           'load_exported_drafter', 'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'main',
+           'cli']
 
 # %% ../nbs/10_export.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"
@@ -120,9 +122,6 @@ def serving_state_dict(
     if bad: raise ValueError(f"unexpected tensors for the serving format: {bad[:5]}")
     return out
 
-def _fsync(path: Path):
-    with open(path, "rb") as f: os.fsync(f.fileno())
-
 _EXPORT_MARK = ".dflash_nb_export.json"   # the files an export wrote: what a later --overwrite may replace
 
 def _export_files(out: Path):
@@ -178,7 +177,7 @@ def export_drafter(
     cfg = drafter_config.validate()
     sd = serving_state_dict(drafter_or_state, dtype)
     out = Path(out_dir); check_export_dir(out, overwrite); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    tmp = temp_sibling(out)
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     dt = str(next(iter(sd.values())).dtype).removeprefix("torch.")
     conf = serving_config(cfg, dtype=dt)
@@ -187,13 +186,12 @@ def export_drafter(
     meta = {"format": "pt", "producer": "dflash_nb", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
     (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
-    for f in tmp.iterdir(): _fsync(f)
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    for f in tmp.iterdir(): fsync_file(f)
+    old = temp_sibling(out, "old")
     if out.exists(): check_export_dir(out, True); os.rename(out, old)  # the old export stays complete until the new one is in place
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)   # a previous export: only files it wrote (checked above)
-    with contextlib.suppress(OSError):
-        fd = os.open(out.parent, os.O_RDONLY); os.fsync(fd); os.close(fd)
+    fsync_dir(out.parent)
     return out
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
@@ -254,7 +252,8 @@ def checkpoint_drafter_config(ckpt):
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
 
-def _checkpoint_weights(d: Path) -> dict:
+def checkpoint_weights(d: Path) -> dict:
+    "The drafter's weights in a training checkpoint (`drafter.safetensors`) or a serving directory (`model.safetensors`)."
     from safetensors.torch import load_file
     for name in ("drafter.safetensors", "model.safetensors"):
         if (d / name).exists(): return read_safetensors(d / name)
@@ -283,7 +282,7 @@ def export_checkpoint(
     check_export_dir(out_dir, overwrite)   # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     cfg = checkpoint_drafter_config(d)
-    sd = {k.removeprefix("module."): v for k, v in _checkpoint_weights(d).items()}
+    sd = {k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)
     step = json.loads((d / "state.json").read_text()).get("step") if (d / "state.json").exists() else None
     return export_drafter(sd, cfg, out_dir, dtype=dtype, metadata={"checkpoint": d.name, "step": step}, overwrite=overwrite,

@@ -8,23 +8,11 @@ import contextlib, math
 from pathlib import Path
 import torch
 from torch import nn
+from .model import default_target_layer_ids   # the layer rule belongs to the drafter's config (chapter Model)
 
 # %% auto #0
-__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'default_target_layer_ids', 'find_decoder_layers', 'find_final_norm', 'tiny_target',
-           'load_target', 'document_spans', 'bucket_spans', 'TargetFeatures']
-
-# %% ../nbs/07_target.ipynb #2bef4002
-def default_target_layer_ids(
-    num_target_layers: int,  # decoder layers in the target (L)
-    num_features: int = 5,   # how many layers to tap (n_t)
-) -> list[int]:
-    "z-lab's default target layer ids: `round(1 + i·(L−4)/(n_t−1))`, i.e. evenly spread over layers 1..L−3."
-    L, n = int(num_target_layers), int(num_features)
-    if n < 1: raise ValueError(f"num_features must be >= 1, got {n}")
-    if L < 2: raise ValueError(f"num_target_layers must be >= 2, got {L}")
-    if n == 1: return [L // 2]
-    start, end = 1, max(L - 3, 1)
-    return [int(round(start + i * (end - start) / (n - 1))) for i in range(n)]
+__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
+           'document_spans', 'bucket_spans', 'TargetFeatures']
 
 # %% ../nbs/07_target.ipynb #d786042e
 _LAYER_PATHS = ("model.layers", "model.language_model.layers", "language_model.model.layers", "model.model.layers",

@@ -12,16 +12,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from .config import opt, to_dict, from_dict, save_config, ConfigError
+from .storage import atomic_write_text as _write_atomic, fsync_dir as _fsync_dir, s3_client, split_s3  # chapter Storage
+from .data import check_template   # refuses data made with another chat template or tokenizer
 
 # %% auto #0
 __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig', 'stable_seed',
            'RowStream', 'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch',
            'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError', 'checkpoint_name',
            'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
-           'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 'split_s3',
-           's3_client', 's3_permanent', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics',
-           'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start',
-           'check_template', 'load_samples', 'NonFiniteError', 'pick_backend', 'train', 'drafter_lm_head_weight']
+           'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
+           'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
+           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
+           'pick_backend', 'train', 'drafter_lm_head_weight']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -397,15 +399,6 @@ def read_latest(root) -> Optional[str]:
     if not f.exists(): return None
     return checkpoint_name(f.read_text(errors="replace").strip(), str(f))
 
-def _fsync_dir(path: Path):
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY); os.fsync(fd); os.close(fd)
-
-def _write_atomic(path: Path, text: str):
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f: f.write(text); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path); _fsync_dir(path.parent)
-
 def rng_state(device: torch.device) -> dict:
     "RNG states of this process (torch CPU, the drafter's CUDA device, Python, NumPy)."
     st = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -621,21 +614,6 @@ def _resume_changes(ckpt_dir, cfg) -> list[str]:
     return out
 
 # %% ../nbs/08_trainer.ipynb #ebf30b59
-def split_s3(uri: str) -> tuple[str, str]:
-    "`s3://bucket/a/b` → ('bucket', 'a/b')."
-    if not uri.startswith("s3://"): raise ValueError(f"not an s3:// URI: {uri}")
-    bucket, _, key = uri[5:].partition("/")
-    return bucket, key.strip("/")
-
-def s3_client(endpoint_url: Optional[str] = None, timeout: float = 10.0):
-    "A boto3 S3 client with short timeouts (retries are ours, so they can be reported)."
-    import boto3
-    from botocore.config import Config
-    custom = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    return boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=Config(
-        connect_timeout=timeout, read_timeout=timeout, retries={"max_attempts": 1, "mode": "standard"},
-        s3={"addressing_style": "path"} if custom else None))  # S3-compatible stores (MinIO, SeaweedFS) want path style
-
 _S3_PERMANENT = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "AllAccessDisabled",
                  "InvalidBucketName", "AccountProblem", "InvalidToken", "ExpiredToken", "InvalidObjectState"}
 
@@ -662,9 +640,11 @@ def _s3_latest(c, bucket: str, key: str) -> Optional[str]:
     return checkpoint_name(text, f"s3://{bucket}/{key}")
 
 class S3Uploader:
-    "Background uploader of checkpoint dirs to `s3://bucket/prefix`: files first, `latest` last (never backwards), failed uploads retried later, permanent errors fatal; keeps the last `keep` of its own uploads remotely."
+    """Background uploader of checkpoint dirs to `s3://bucket/prefix`: files first, `latest` last (never backwards), failed
+    uploads retried later, permanent errors fatal; keeps the last `keep` of its own uploads remotely."""
     def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print):
-        self.bucket, self.prefix = split_s3(uri)
+        self.bucket, prefix = split_s3(uri)
+        self.prefix = prefix.strip("/")
         self.endpoint_url, self.retries, self.backoff, self.keep, self.report = endpoint_url, retries, backoff, keep, report
         self.q, self.uploaded, self.failed, self.pending = queue.Queue(), [], [], []
         self.lock, self.fatal, self.latest_step, self.remote = threading.Lock(), None, -1, []
@@ -781,6 +761,7 @@ class S3Uploader:
 def download_checkpoint(uri: str, dest, endpoint_url=None) -> Path:
     "Download `s3://bucket/prefix` (its `latest`) or `s3://bucket/prefix/step-…` into `dest`; only plain `step-<digits>/<file>` keys, written under `dest`; returns the local checkpoint dir."
     bucket, key = split_s3(uri)
+    key = key.strip("/")
     c = s3_client(endpoint_url)
     name = key.rsplit("/", 1)[-1]
     if not name.startswith("step-"):
@@ -961,13 +942,6 @@ def load_warm_start(drafter, init_dir) -> int:
     return len(sd)
 
 # %% ../nbs/08_trainer.ipynb #c205f64a
-def check_template(manifest: dict, tokenizer, data_dir="data"):
-    "Raise ValueError naming `data_dir` when its manifest's chat template (or tokenizer) fingerprint is not `tokenizer`'s."
-    from dflash_nb.data import check_template as _check
-    try: _check(manifest, tokenizer)
-    except ValueError as e:
-        raise type(e)(f"refusing to train on {data_dir}: {e} (python -m dflash_nb.data ...)") from None
-
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, indexable (`ds[i]` → dict with input_ids, loss_mask), with `.lengths`."
     from dflash_nb.data import read_shards

@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 
 __all__ = ["anchor_block_attention_triton", "TileConfig", "CONFIGS", "SMEM_LIMIT", "pick_config",
-           "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem", "ptxas_stats"]
+           "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem", "ptxas_stats",
+           "tile_ranges", "kv_tile_plan"]
 
 NO_WINDOW = 1 << 30  # WINDOW passed for full layers: larger than any distance, no overflow in int32 bounds
 SMEM_LIMIT = 101_376  # bytes of shared memory per block on SM120 (RTX PRO 6000 / RTX 5090); H100/H200 allow 232,448
@@ -159,7 +160,7 @@ def _kernels(interpret):
 
 
 # ---------------------------------------------------------------------------------------------- plans
-def _tile_ranges(cs, ce, S, N, B, bpt):
+def tile_ranges(cs, ce, S, N, B, bpt):
     "Per query tile: union context range [lo, hi) (lo >= hi when empty), int64 (T,)."
     T = -(-N // bpt)
     pad = T * bpt - N
@@ -173,16 +174,16 @@ def _tile_ranges(cs, ce, S, N, B, bpt):
 
 def _q_tile_order(cs, ce, S, N, B, bpt):
     "Query tiles sorted by context work, heaviest first (longest-processing-time-first scheduling)."
-    lo, hi = _tile_ranges(cs, ce, S, N, B, bpt)
+    lo, hi = tile_ranges(cs, ce, S, N, B, bpt)
     work = (hi - lo).clamp(min=0)
     return torch.argsort(work, descending=True, stable=True).to(torch.int32).contiguous()
 
 
-def _kv_tile_plan(cs, ce, S, N, B, bpt, block_n):
+def kv_tile_plan(cs, ce, S, N, B, bpt, block_n):
     "For each kv tile: the query tiles that can see it (ascending, padded), their count, and a launch order."
     NB, rows = N * B, bpt * B
     L = S + NB
-    lo, hi = _tile_ranges(cs, ce, S, N, B, bpt)
+    lo, hi = tile_ranges(cs, ce, S, N, B, bpt)
     T = lo.numel()
     dev = cs.device
     t = torch.arange(T, device=dev)
@@ -309,7 +310,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale, window):
         _record(k_, "dq", cfg, D, q.dtype, q.device)
 
     cfg, bpt = pick_config("dkdv", D, q.dtype, B)
-    lst, count, korder, T = _kv_tile_plan(cs, ce, S, N, B, bpt, cfg.block_n)
+    lst, count, korder, T = kv_tile_plan(cs, ce, S, N, B, bpt, cfg.block_n)
     k_ = kern._bwd_dkdv[(HKV, korder.numel())](
         q, k, v, do, dk, dv, lse, delta, cs, ce, korder, count, lst,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2),

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_nb import data as D
+from dflash_nb import data as D, storage
 from dflash_nb.data import DataConfig, InputError, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,9 +26,9 @@ def dataset(s3_server, tmp_path_factory):
     for i in range(5):                                   # more keys than one list page, outside the data prefix
         client.put_object(Bucket=bucket, Key=f"other/x{i}.jsonl", Body=b"{}\n")
     with s3_server.env():
-        D._S3_CLIENTS.clear()                            # clients made under other credentials must not be reused
+        storage._S3_CLIENTS.clear()                      # clients made under other credentials must not be reused
         yield local, bucket
-    D._S3_CLIENTS.clear()
+    storage._S3_CLIENTS.clear()
 
 
 def _names(files): return [(f.name, f.size) for f in files]
@@ -38,7 +38,7 @@ def test_listing_paginates_and_matches_local(dataset):
     local, bucket = dataset
     cfg = DataConfig(s3_page_size=2)
     calls = []
-    D.s3_client(cfg).meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
+    D._s3(cfg).meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
     files = list_inputs(f"s3://{bucket}/data/", cfg)
     assert _names(files) == _names(list_inputs(str(local))) == [(n, (local / n).stat().st_size) for n in ["a.jsonl", "b.jsonl", "empty.jsonl", "sub/c.jsonl"]]
     assert len(calls) >= 3                               # 5 keys under data/ at 2 per page
