@@ -23,7 +23,8 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
            'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
-           'pick_backend', 'train', 'drafter_lm_head_weight']
+           'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
+           'train_step', 'log_interval', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -1019,35 +1020,45 @@ def _fmt(rec: dict) -> str:
             f"lr {rec['lr']:.2e}  {rec['tokens_per_s']:.0f} tok/s  target {rec['target_busy']:.0%} drafter {rec['drafter_busy']:.0%} "
             f"wait {rec['drafter_wait']:.0%}  q {rec['queue_depth']:.1f}  skipped {rec['nonfinite_total']}")
 
-# %% ../nbs/08_trainer.ipynb #8d8211c4
-def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "") -> dict:
-    "Train a DFlash drafter with online target features per `cfg` (`target`: an already built target, else built from cfg.target); returns the run summary with the trained drafter."
-    locks = []
-    try: return _train(cfg, target, log_prefix, locks)
-    finally:
-        for l in locks: l.release()
+# %% ../nbs/08_trainer.ipynb #3545773d
+@dataclass
+class Run:
+    "What `build_run` sets up once and every later part of a run uses."
+    cfg: TrainConfig; log_prefix: str
+    rank: int; world: int; distributed: bool; tdev: torch.device; ddev: torch.device
+    accum: int                   # micro-batches (rows) per optimizer step on this rank: global_batch / world
+    run_dir: Path; ckpt_root: Path; log: "_Log"
+    tokenizer: object; samples: object; stream: RowStream; data_id: int
+    target: nn.Module; dcfg: object; features: object; drafter: nn.Module
+    model: nn.Module             # the drafter, wrapped in DDP when distributed
+    params: list; fused: bool; optimizer: torch.optim.Optimizer; scheduler: object
+    lm_head_w: torch.Tensor; backend: str; backend_why: str
 
-def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
+    @property
+    def B(self) -> int: return self.dcfg.block_size
+
+def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, log_prefix: str):
+    "One owner (the lock), one history (no new run over old checkpoints)."
+    locks.append(RunLock(run_dir).acquire())
+    if locks[-1].taken_over: print(f"{log_prefix}note: took over the stale lock of pid {locks[-1].taken_over.get('pid')} in {run_dir}", flush=True)
+    held = _has_checkpoints(ckpt_root)
+    if not cfg.resume and held:
+        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with train.resume=auto, "
+                              f"or pick another train.run_dir (a new run never mixes with an old one)")
+
+def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "", locks: Optional[list] = None) -> Run:
+    "Processes, devices, the run dir (locked: the lock is appended to `locks`), data, models, optimizer, schedule, backend."
     from dflash_nb.data import load_manifest, load_tokenizer
-    from dflash_nb.attention import AnchorBlockLayout
-    from dflash_nb.loss import expected_acceptance_length
+    locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.devices, local_rank)
     if ddev.type == "cuda": torch.cuda.set_device(ddev)  # the drafter's stream is this thread's current stream
     distributed = init_distributed(ddev)
     if cfg.global_batch % world: raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
-    accum = cfg.global_batch // world
     run_dir = Path(cfg.run_dir); run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
-    def own_run_dir():   # one owner (the lock), one history (no new run over old checkpoints)
-        locks.append(RunLock(run_dir).acquire())
-        if locks[-1].taken_over: print(f"{log_prefix}note: took over the stale lock of pid {locks[-1].taken_over.get('pid')} in {run_dir}", flush=True)
-        held = _has_checkpoints(ckpt_root)
-        if not cfg.resume and held:
-            raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with train.resume=auto, "
-                                  f"or pick another train.run_dir (a new run never mixes with an old one)")
-    _agree(distributed, rank, own_run_dir)
+    _agree(distributed, rank, lambda: _own_run_dir(cfg, run_dir, ckpt_root, locks, log_prefix))
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = _Log(run_dir, rank, cfg.steps)
     from dflash_nb.tracking import Trackers, require_trackers
@@ -1068,9 +1079,8 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     from dflash_nb.target import TargetFeatures
     features = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
     drafter = build_drafter(dcfg, features, ddev, cfg.seed)
-    if cfg.init_from:   # the published weights; a resume below replaces them with the checkpoint's
+    if cfg.init_from:   # the published weights; a resume replaces them with the checkpoint's
         log.record({"event": "warm_start", "from": cfg.init_from, "tensors": load_warm_start(drafter, cfg.init_from)})
-    B = dcfg.block_size
     model = nn.parallel.DistributedDataParallel(drafter, device_ids=[ddev] if ddev.type == "cuda" else None) if distributed else drafter
     params = [p for p in drafter.parameters() if p.requires_grad]
     fused = _fused_ok(ddev)
@@ -1080,44 +1090,71 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     lm_head_w = drafter_lm_head_weight(drafter, features, ddev)
     backend, why = pick_backend(cfg.backend, ddev, torch.bfloat16 if ddev.type == "cuda" else torch.float32, dcfg, cfg.max_tokens,
                                  cfg.max_anchors, run_dir=run_dir if rank == 0 else None)
-    # ---- resume ------------------------------------------------------------------------------------------------
+    return Run(cfg, log_prefix, rank, world, distributed, tdev, ddev, cfg.global_batch // world, run_dir, ckpt_root, log,
+               tokenizer, samples, stream, data_id, target, dcfg, features, drafter, model, params, fused, optimizer, scheduler,
+               lm_head_w, backend, why)
+
+def drafter_lm_head_weight(drafter, features, device) -> torch.Tensor:
+    "The frozen lm_head weight the loss projects with (the drafter's copy on its device)."
+    head = getattr(drafter, "lm_head", None)
+    if head is None or not hasattr(head, "weight"): head = features.lm_head
+    return head.weight.to(device)
+
+# %% ../nbs/08_trainer.ipynb #94ad04f1
+def resume_from(run: Run) -> tuple[int, dict]:
+    "Apply `run.cfg.resume` to the run's drafter, optimizer, schedule and RNGs: (the step to start at, the run counters)."
+    cfg, log, log_prefix, ckpt_root, o = run.cfg, run.log, run.log_prefix, run.ckpt_root, run.cfg.optim
+    optimizer, scheduler = run.optimizer, run.scheduler
     start, counters = 0, {"nonfinite_total": 0}
     src = cfg.resume
     if src == "auto": src = str(ckpt_root) if (ckpt_root / "latest").exists() else None
-    if src:
-        local = download_checkpoint(src, run_dir / "resume", cfg.checkpoint.s3_endpoint_url) if src.startswith("s3://") else src
-        ck = load_checkpoint(local)
-        st = ck["state"]; start = st["step"]
-        if start > cfg.steps:
-            raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: resuming would move `latest` back; "
-                                  f"set train.steps above {start} to train on, or resume an earlier checkpoint into another train.run_dir")
-        here = read_latest(ckpt_root)
-        if here is not None and step_of(here) > start:
-            raise CheckpointError(f"{ckpt_root / 'latest'} names {here}, later than the resume point {ck['dir']} (step {start}): "
-                                  f"continuing here would rewrite this run's history; resume into another train.run_dir, or resume from {ckpt_root}")
-        drafter.load_trainable_state_dict({k: v.to(ddev) for k, v in ck["weights"].items()})
-        optimizer.load_state_dict(ck["optimizer"]); scheduler.load_state_dict(ck["scheduler"])
-        changes = _resume_changes(ck["dir"], cfg)
-        if changes:   # the config given now applies from the resume step: hyper-parameters and the schedule's base lr
-            for g in optimizer.param_groups:
-                g.update(betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
-                g["lr"] = o.lr * lr_factor(scheduler.last_epoch, cfg.steps, o.warmup_frac, o.min_lr_frac)
-            scheduler.base_lrs = [o.lr] * len(optimizer.param_groups)
-            scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-            log.print(f"{log_prefix}resuming {ck['dir']} with a changed config: {'; '.join(changes)}. The new values apply from step "
-                      f"{start} (schedule recomputed for steps={cfg.steps} at the same position; AdamW moments kept)")
-            log.record({"event": "resume_config_changed", "from": str(ck["dir"]), "step": start, "changes": changes}, echo=False)
-        if st.get("global_batch") != cfg.global_batch: raise ConfigError(f"checkpoint has global_batch {st.get('global_batch')}, config {cfg.global_batch}")
-        if st.get("data_id") != data_id: log.print(f"{log_prefix}warning: the data differs from the checkpoint's (data order will not match)")
-        if len(ck["rngs"]) == world: set_rng_state(ck["rngs"][rank], ddev)
-        counters.update(st.get("counters", {}))
-        log.record({"event": "resumed", "from": str(ck["dir"]), "step": start})
-    # ---- checkpointing, signals ------------------------------------------------------------------------------
-    uploader = None
-    if cfg.checkpoint.s3_uri and rank == 0:
-        uploader = S3Uploader(cfg.checkpoint.s3_uri, cfg.checkpoint.s3_endpoint_url, cfg.checkpoint.s3_retries,
-                              cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=log.record)
-    def s3_check():   # fail fast: a bad bucket or credentials, or a prefix that holds another history
+    if not src: return start, counters
+    local = download_checkpoint(src, run.run_dir / "resume", cfg.checkpoint.s3_endpoint_url) if src.startswith("s3://") else src
+    ck = load_checkpoint(local)
+    st = ck["state"]; start = st["step"]
+    if start > cfg.steps:
+        raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: resuming would move `latest` back; "
+                              f"set train.steps above {start} to train on, or resume an earlier checkpoint into another train.run_dir")
+    here = read_latest(ckpt_root)
+    if here is not None and step_of(here) > start:
+        raise CheckpointError(f"{ckpt_root / 'latest'} names {here}, later than the resume point {ck['dir']} (step {start}): "
+                              f"continuing here would rewrite this run's history; resume into another train.run_dir, or resume from {ckpt_root}")
+    run.drafter.load_trainable_state_dict({k: v.to(run.ddev) for k, v in ck["weights"].items()})
+    optimizer.load_state_dict(ck["optimizer"]); scheduler.load_state_dict(ck["scheduler"])
+    changes = _resume_changes(ck["dir"], cfg)
+    if changes:   # the config given now applies from the resume step: hyper-parameters and the schedule's base lr
+        for g in optimizer.param_groups:
+            g.update(betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
+            g["lr"] = o.lr * lr_factor(scheduler.last_epoch, cfg.steps, o.warmup_frac, o.min_lr_frac)
+        scheduler.base_lrs = [o.lr] * len(optimizer.param_groups)
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+        log.print(f"{log_prefix}resuming {ck['dir']} with a changed config: {'; '.join(changes)}. The new values apply from step "
+                  f"{start} (schedule recomputed for steps={cfg.steps} at the same position; AdamW moments kept)")
+        log.record({"event": "resume_config_changed", "from": str(ck["dir"]), "step": start, "changes": changes}, echo=False)
+    if st.get("global_batch") != cfg.global_batch: raise ConfigError(f"checkpoint has global_batch {st.get('global_batch')}, config {cfg.global_batch}")
+    if st.get("data_id") != run.data_id: log.print(f"{log_prefix}warning: the data differs from the checkpoint's (data order will not match)")
+    if len(ck["rngs"]) == run.world: set_rng_state(ck["rngs"][run.rank], run.ddev)
+    counters.update(st.get("counters", {}))
+    log.record({"event": "resumed", "from": str(ck["dir"]), "step": start})
+    return start, counters
+
+# %% ../nbs/08_trainer.ipynb #34f6e927
+class Checkpointer:
+    "Checkpoints of one run: writes them (rank 0), uploads them to S3 in the background, remembers the last, prunes on close."
+    def __init__(self, run: Run, metrics: "Metrics", start: int):
+        cfg, self.run, self.metrics, self.last = run.cfg, run, metrics, None
+        self.uploader = None
+        if cfg.checkpoint.s3_uri and run.rank == 0:
+            self.uploader = S3Uploader(cfg.checkpoint.s3_uri, cfg.checkpoint.s3_endpoint_url, cfg.checkpoint.s3_retries,
+                                       cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=run.log.record)
+        try: _agree(run.distributed, run.rank, (lambda: self._s3_check(start)) if self.uploader else None)
+        except CheckpointError:
+            if self.uploader: self.uploader.close(timeout=5)
+            raise
+
+    def _s3_check(self, start: int):
+        "Fail fast: a bad bucket or credentials, or a prefix that holds another history."
+        uploader = self.uploader
         remote = uploader.preflight()
         if remote is not None and start == 0:
             raise CheckpointError(f"{uploader.uri()} already holds checkpoints (latest: {remote}) of another run: resume from it "
@@ -1125,134 +1162,196 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
         if remote is not None and step_of(remote) > start:
             raise CheckpointError(f"{uploader.uri('latest')} names {remote}, later than this run's resume point (step {start}): "
                                   f"uploading there would move it back; resume from {uploader.uri()} or use another checkpoint.s3_uri")
-    try: _agree(distributed, rank, s3_check if uploader else None)
-    except CheckpointError:
-        if uploader: uploader.close(timeout=5)
-        raise
-    metrics = Metrics(ddev, B)
-    metrics.nonfinite_total += counters["nonfinite_total"]
-    last_ckpt = [None]
 
-    def checkpoint(step: int):
-        worst = int(metrics.worst_run.item())
-        if worst >= cfg.max_nonfinite: raise NonFiniteError(f"{worst} non-finite steps in a row")
-        rngs = [None] * world if distributed else None
-        if distributed: dist.gather_object(rng_state(ddev), rngs if rank == 0 else None, dst=0)
-        else: rngs = [rng_state(ddev)]
-        _agree(distributed, rank, lambda: save(step, rngs))
+    def checkpoint(self, step: int):
+        "Checkpoint the state after `step` optimizer steps (every rank calls it: the RNG gather and the outcome are collective)."
+        run = self.run
+        worst = int(self.metrics.worst_run.item())
+        if worst >= run.cfg.max_nonfinite: raise NonFiniteError(f"{worst} non-finite steps in a row")
+        rngs = [None] * run.world if run.distributed else None
+        if run.distributed: dist.gather_object(rng_state(run.ddev), rngs if run.rank == 0 else None, dst=0)
+        else: rngs = [rng_state(run.ddev)]
+        _agree(run.distributed, run.rank, lambda: self.save(step, rngs))
 
-    def save(step, rngs):
-        state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch, "world_size": world,
-                 "data_id": data_id, "counters": {"nonfinite_total": int(metrics.nonfinite_total.item())}}
-        d = save_checkpoint(ckpt_root, step, drafter.trainable_state_dict(), optimizer, scheduler, state, rngs, cfg,
+    def save(self, step: int, rngs: list):
+        "Write the checkpoint of `step` (rank 0) and submit it for upload."
+        run, cfg, uploader = self.run, self.run.cfg, self.uploader
+        state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch, "world_size": run.world,
+                 "data_id": run.data_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
+        d = save_checkpoint(run.ckpt_root, step, run.drafter.trainable_state_dict(), run.optimizer, run.scheduler, state, rngs, cfg,
                             keep=cfg.checkpoint.keep, kill_midway=cfg.fault.kill_in_checkpoint == step,
-                            extra={"drafter_config.json": json.dumps(to_dict(dcfg), indent=1)},
+                            extra={"drafter_config.json": json.dumps(to_dict(run.dcfg), indent=1)},
                             protect=uploader.not_in_s3() if uploader else ())   # local copies stay until they are in S3
-        last_ckpt[0] = d
-        log.record({"event": "checkpoint", "dir": str(d), "step": step})
+        self.last = d
+        run.log.record({"event": "checkpoint", "dir": str(d), "step": step})
         if uploader:
             if uploader.fatal:
-                raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in {ckpt_root}: "
+                raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in {run.ckpt_root}: "
                                       f"fix checkpoint.s3_uri or the credentials, then rerun with train.resume=auto")
             uploader.submit(d)
 
-    stop = {"sigterm": False}
-    def on_sigterm(signum, frame): stop["sigterm"] = True
-    old_handler = signal.signal(signal.SIGTERM, on_sigterm) if threading.current_thread() is threading.main_thread() else None
-    # ---- the producer ----------------------------------------------------------------------------------------
-    mk = lambda step, micro: make_batch(samples, stream, rank_row(step, micro, cfg.global_batch, rank, world), step, micro,
-                                        max_tokens=cfg.max_tokens, block_size=B, max_anchors=cfg.max_anchors,
-                                        mask_token_id=dcfg.mask_token_id, seed=cfg.seed)
-    producer = FeatureProducer(mk, distill_features(features) if cfg.loss.distill_weight > 0 else features, start, cfg.steps, accum, tdev, ddev, cfg.queue_depth, threaded=cfg.pipeline)
-    drafter_clock = Stopwatch(ddev)
-    if rank == 0:
-        log.print(f"{log_prefix}training {sum(p.numel() for p in params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
-                  f"(from step {start}) | ranks {world} × (target {tdev} → drafter {ddev}) | global batch {cfg.global_batch} rows "
-                  f"of {cfg.max_tokens} tokens | attention {backend} ({why}) | run dir {run_dir}")
+    def close(self):
+        "Wait for the uploads; then prune the local copies that waited for them."
+        if self.uploader:
+            self.uploader.close()
+            if self.run.rank == 0: prune_checkpoints(self.run.ckpt_root, self.run.cfg.checkpoint.keep, self.uploader.not_in_s3())
+
+    def s3_summary(self) -> dict:
+        u = self.uploader
+        return {"s3_uploaded": u.uploaded if u else [], "s3_failed": u.failed if u else [], "s3_unfinished": list(u.pending) if u else []}
+
+    def check_final_uploaded(self):
+        "Raise when the run's last checkpoint did not reach S3 (it is kept locally; the message says how to upload it)."
+        u, last = self.uploader, self.last
+        if u and last is not None and (u.fatal or last.name in u.not_in_s3()):
+            raise CheckpointError(f"the final checkpoint {last} is not in {u.uri()} "
+                                  f"({u.fatal or 'the upload failed, see s3_upload_failed in ' + str(self.run.run_dir / 'metrics.jsonl')}); "
+                                  f"it is kept locally at {last}: rerun with train.resume=auto to upload it again, "
+                                  f"or copy it yourself (aws s3 cp --recursive {last} {u.uri(last.name)}/)")
+
+# %% ../nbs/08_trainer.ipynb #31406a2c
+def make_producer(run: Run, start: int) -> FeatureProducer:
+    "The producer of this rank's batches from optimizer step `start` on: threaded (`pipeline`) or inline."
+    cfg = run.cfg
+    mk = lambda step, micro: make_batch(run.samples, run.stream, rank_row(step, micro, cfg.global_batch, run.rank, run.world), step, micro,
+                                        max_tokens=cfg.max_tokens, block_size=run.B, max_anchors=cfg.max_anchors,
+                                        mask_token_id=run.dcfg.mask_token_id, seed=cfg.seed)
+    feats = distill_features(run.features) if cfg.loss.distill_weight > 0 else run.features
+    return FeatureProducer(mk, feats, start, cfg.steps, run.accum, run.tdev, run.ddev, cfg.queue_depth, threaded=cfg.pipeline)
+
+# %% ../nbs/08_trainer.ipynb #51210667
+def train_step(run: Run, producer: FeatureProducer, metrics: "Metrics", drafter_clock: Stopwatch, step: int, nan_loss: bool = False):
+    "One optimizer step on this rank's `accum` rows; no host sync (a non-finite step is skipped on the device)."
+    from dflash_nb.attention import AnchorBlockLayout
+    cfg, model, lm_head_w, B, accum = run.cfg, run.model, run.lm_head_w, run.B, run.accum
+    for micro in range(accum):
+        tw = time.perf_counter()
+        metrics.depths.append(producer.depth())
+        b = producer.get()                         # the target's features for this row (waits if not ready)
+        metrics.wait += time.perf_counter() - tw
+        t = drafter_clock.start()
+        layout = AnchorBlockLayout(b.anchors, b.keep, b.doc_ids, B)  # one mask build, shared by all layers
+        sync = model.no_sync() if run.distributed and micro < accum - 1 else contextlib.nullcontext()
+        with sync:
+            with _autocast(cfg, run.ddev):
+                hidden = model(b.features, b.position_ids, b.block_ids, b.block_pos, layout=layout, backend=run.backend)
+                out = step_loss(hidden, lm_head_w, b, cfg)
+            loss = out.loss * float("nan") if nan_loss else out.loss
+            (loss / accum).backward()
+        drafter_clock.stop(t)
+        metrics.add_micro(loss, out.slot_correct, out.slot_count, b.n_tokens, b.n_loss_tokens, accum)
+    gnorm = torch.nn.utils.clip_grad_norm_(run.params, cfg.optim.clip, foreach=True)
+    bad = ~torch.isfinite(gnorm)
+    if _skip_if(run.optimizer, bad, run.fused): run.optimizer.step()
+    run.scheduler.step(); run.optimizer.zero_grad(set_to_none=True)
+    metrics.add_step(gnorm, bad)
+
+# %% ../nbs/08_trainer.ipynb #2f84ba67
+def log_interval(run: Run, metrics: "Metrics", producer: FeatureProducer, drafter_clock: Stopwatch, done: int, start: int,
+                 t_start: float) -> dict:
+    "The record of the log interval ending after step `done` (syncs once), written to metrics.jsonl; returns it."
+    from dflash_nb.loss import expected_acceptance_length
+    cfg = run.cfg
+    rec = metrics.flush(run.distributed)
+    el = time.perf_counter() - t_start
+    tb, db, cb = producer.target_clock.take(), drafter_clock.take(), producer.copy_clock.take()
+    wall = rec["wall_s"]
+    last = {"step": done, "total": cfg.steps, "lr": run.scheduler.get_last_lr()[0], **rec,
+            "tau_est": expected_acceptance_length(torch.tensor([1.0] + rec["acc"])),
+            "target_busy": tb / wall, "drafter_busy": db / wall,
+            "transfer_gb_s": (producer.bytes / 1e9 / cb) if producer.bytes and cb > 0 else None,
+            "peak_mem_gb": peak_memory_gb([run.tdev, run.ddev]), "elapsed_s": el,
+            "eta_s": el / max(done - start, 1) * (cfg.steps - done)}
+    producer.bytes = 0
+    run.log.record(last)
+    return last
+
+# %% ../nbs/08_trainer.ipynb #f3a74b62
+class Preemption:
+    "A SIGTERM flag (the handler is installed only in the main thread, and `restore` puts the old one back)."
+    def __init__(self):
+        self.requested = False
+        main = threading.current_thread() is threading.main_thread()
+        self.old_handler = signal.signal(signal.SIGTERM, self.handler) if main else None
+
+    def handler(self, signum, frame): self.requested = True
+
+    def agree(self, device: torch.device):
+        "All ranks: requested if any rank was (an all-reduce, so every rank stops after the same step)."
+        f = torch.tensor([float(self.requested)], device=device); dist.all_reduce(f, op=dist.ReduceOp.MAX)
+        self.requested = bool(f.item())
+
+    def restore(self):
+        if self.old_handler is not None: signal.signal(signal.SIGTERM, self.old_handler)
+
+# %% ../nbs/08_trainer.ipynb #8d8211c4
+def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "") -> dict:
+    "Train a DFlash drafter with online target features per `cfg` (`target`: an already built target, else built from cfg.target); returns the run summary with the trained drafter."
+    locks = []
+    try: return _train(cfg, target, log_prefix, locks)
+    finally:
+        for l in locks: l.release()
+
+def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
+    run = build_run(cfg, target, log_prefix, locks)
+    start, counters = resume_from(run)
+    metrics = Metrics(run.ddev, run.B)
+    metrics.nonfinite_total += counters["nonfinite_total"]
+    ckpt = Checkpointer(run, metrics, start)
+    preempt = Preemption()
+    producer, drafter_clock = make_producer(run, start), Stopwatch(run.ddev)
+    _announce(run, start)
     nan_steps = set(cfg.fault.nan_loss_steps)
     last, history, t_start, stopped, step = {}, [], time.perf_counter(), None, start
     try:
-        model.train()
+        run.model.train()
         for step in range(start, cfg.steps):
             if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
-            for micro in range(accum):
-                tw = time.perf_counter()
-                metrics.depths.append(producer.depth())
-                b = producer.get()                         # the target's features for this row (waits if not ready)
-                metrics.wait += time.perf_counter() - tw
-                t = drafter_clock.start()
-                layout = AnchorBlockLayout(b.anchors, b.keep, b.doc_ids, B)  # one mask build, shared by all layers
-                sync = model.no_sync() if distributed and micro < accum - 1 else contextlib.nullcontext()
-                with sync:
-                    with _autocast(cfg, ddev):
-                        hidden = model(b.features, b.position_ids, b.block_ids, b.block_pos, layout=layout, backend=backend)
-                        out = step_loss(hidden, lm_head_w, b, cfg)
-                    loss = out.loss * float("nan") if step in nan_steps else out.loss
-                    (loss / accum).backward()
-                drafter_clock.stop(t)
-                metrics.add_micro(loss, out.slot_correct, out.slot_count, b.n_tokens, b.n_loss_tokens, accum)
-            gnorm = torch.nn.utils.clip_grad_norm_(params, o.clip, foreach=True)
-            bad = ~torch.isfinite(gnorm)
-            if _skip_if(optimizer, bad, fused): optimizer.step()
-            scheduler.step(); optimizer.zero_grad(set_to_none=True)
-            metrics.add_step(gnorm, bad)
+            train_step(run, producer, metrics, drafter_clock, step, nan_loss=step in nan_steps)
             done = step + 1
-            # ---- everything below syncs, and only at intervals ----
             if done % cfg.log_every == 0 or done == cfg.steps:
-                rec = metrics.flush(distributed)
-                el = time.perf_counter() - t_start
-                tb, db, cb = producer.target_clock.take(), drafter_clock.take(), producer.copy_clock.take()
-                wall = rec["wall_s"]
-                last = {"step": done, "total": cfg.steps, "lr": scheduler.get_last_lr()[0], **rec,
-                        "tau_est": expected_acceptance_length(torch.tensor([1.0] + rec["acc"])),
-                        "target_busy": tb / wall, "drafter_busy": db / wall,
-                        "transfer_gb_s": (producer.bytes / 1e9 / cb) if producer.bytes and cb > 0 else None,
-                        "peak_mem_gb": peak_memory_gb([tdev, ddev]), "elapsed_s": el,
-                        "eta_s": el / max(done - start, 1) * (cfg.steps - done)}
-                producer.bytes = 0
-                history.append(last); log.record(last)
-                if rec["nonfinite_worst_run"] >= cfg.max_nonfinite:
-                    raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
-                                         f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
-                if distributed:
-                    f = torch.tensor([float(stop["sigterm"])], device=ddev); dist.all_reduce(f, op=dist.ReduceOp.MAX)
-                    stop["sigterm"] = bool(f.item())
-            log.bar(done, start, last)
-            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps: checkpoint(done)
-            if stop["sigterm"] and (not distributed or done % cfg.log_every == 0):
-                checkpoint(done); stopped = "sigterm"; break
+                # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
+                last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start); history.append(last)
+                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last)
+                # sync: one rank's SIGTERM stops every rank after this same step (the flag is all-reduced here, where we sync anyway)
+                if run.distributed: preempt.agree(run.ddev)
+            run.log.bar(done, start, last)
+            # sync: a checkpoint reads the non-finite counter (no checkpoint after too many bad steps) and gathers the RNGs
+            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps: ckpt.checkpoint(done)
+            if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
+                ckpt.checkpoint(done); stopped = "sigterm"; break
         else:
-            if cfg.checkpoint.final: checkpoint(cfg.steps)
+            if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
             step = cfg.steps
     finally:
-        producer.close()
-        if old_handler is not None: signal.signal(signal.SIGTERM, old_handler)
-        if uploader:
-            uploader.close()
-            if rank == 0: prune_checkpoints(ckpt_root, cfg.checkpoint.keep, uploader.not_in_s3())   # what waited for its upload
-        log.close()
-    total = time.perf_counter() - t_start
-    summary = {"steps": step if stopped else cfg.steps, "started_at": start, "stopped": stopped, "wall_s": total,
-               "final": history[-1] if history else {}, "checkpoint": str(last_ckpt[0]) if last_ckpt[0] else None,
-               "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": backend, "world_size": world,
-               "s3_uploaded": uploader.uploaded if uploader else [], "s3_failed": uploader.failed if uploader else [],
-               "s3_unfinished": list(uploader.pending) if uploader else [],
-               "run_dir": str(run_dir)}
-    if rank == 0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        f = summary["final"]
-        if f: log.print(f"{log_prefix}done: {summary['steps']} steps in {total:.1f}s | loss {f['loss']:.4f} | acc@1 {f['acc'][0]:.3f} | "
-                        f"skipped {summary['nonfinite_total']} | checkpoint {summary['checkpoint']}")
-    if uploader and last_ckpt[0] is not None and (uploader.fatal or last_ckpt[0].name in uploader.not_in_s3()):
-        raise CheckpointError(f"the final checkpoint {last_ckpt[0]} is not in {uploader.uri()} "
-                              f"({uploader.fatal or 'the upload failed, see s3_upload_failed in ' + str(run_dir / 'metrics.jsonl')}); "
-                              f"it is kept locally at {last_ckpt[0]}: rerun with train.resume=auto to upload it again, "
-                              f"or copy it yourself (aws s3 cp --recursive {last_ckpt[0]} {uploader.uri(last_ckpt[0].name)}/)")
-    summary["drafter"], summary["drafter_config"], summary["target"] = drafter, dcfg, target
-    return summary
+        producer.close(); preempt.restore(); ckpt.close(); run.log.close()
+    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, time.perf_counter() - t_start)
 
-def drafter_lm_head_weight(drafter, features, device) -> torch.Tensor:
-    "The frozen lm_head weight the loss projects with (the drafter's copy on its device)."
-    head = getattr(drafter, "lm_head", None)
-    if head is None or not hasattr(head, "weight"): head = features.lm_head
-    return head.weight.to(device)
+# %% ../nbs/08_trainer.ipynb #4766c505
+def _announce(run: Run, start: int):
+    cfg = run.cfg
+    if run.rank == 0:
+        run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
+                      f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
+                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
+
+def _too_many_nonfinite(run: Run, rec: dict):
+    "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
+    ckpt_root, cfg = run.ckpt_root, run.cfg
+    raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
+                         f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
+
+def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped, total: float) -> dict:
+    "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
+    summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
+               "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
+               "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
+               **ckpt.s3_summary(), "run_dir": str(run.run_dir)}
+    if run.rank == 0:
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        f = summary["final"]
+        if f: run.log.print(f"{run.log_prefix}done: {summary['steps']} steps in {total:.1f}s | loss {f['loss']:.4f} | acc@1 {f['acc'][0]:.3f} | "
+                            f"skipped {summary['nonfinite_total']} | checkpoint {summary['checkpoint']}")
+    ckpt.check_final_uploaded()
+    summary["drafter"], summary["drafter_config"], summary["target"] = run.drafter, run.dcfg, run.target
+    return summary
