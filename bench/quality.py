@@ -93,13 +93,13 @@ def prompts_for(n_train: int, n_held: int) -> tuple[list, list]:
     return train[:n_train], held[:n_held]
 
 
-def build_data(work: Path, n_train: int, n_held: int, log=print) -> dict:
+def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA["max_new_tokens"], log=print) -> dict:
     "The target and its tokenized train / held-out completions (generated once, reused from `work`)."
     from dflash_nb.target import tiny_target
     from dflash_nb.data import DataConfig, tokenize_dataset, qwen3_tokenizer_dir, load_tokenizer
     from dflash_nb.train import regenerate
     from dflash_nb.config import from_dict
-    d = work / f"data-{n_train}-{n_held}-{DATA['max_new_tokens']}"
+    d = work / f"data-{n_train}-{n_held}-{max_new_tokens}"
     target = tiny_target(**TARGET)
     dcfg = from_dict(DataConfig, {"workers": 1, **{k: v for k, v in DATA.items() if k != "max_new_tokens"}})
     done = d / "done.json"
@@ -109,7 +109,7 @@ def build_data(work: Path, n_train: int, n_held: int, log=print) -> dict:
         train_p, held_p = prompts_for(n_train, n_held)
         stats = {}
         for part, prompts in (("train", train_p), ("heldout", held_p)):
-            r = regenerate(target, tok, prompts, d / "generated" / f"{part}.jsonl", DATA["max_new_tokens"], 64, dcfg)
+            r = regenerate(target, tok, prompts, d / "generated" / f"{part}.jsonl", max_new_tokens, 64, dcfg)
             tokenize_dataset([str(r["path"])], qwen3_tokenizer_dir(), d / part, dcfg, verbose=False)
             stats[part] = {k: r[k] for k in ("prompts", "generated", "kept", "cut_by_verify", "cut_by_round_trip")}
         done.write_text(json.dumps({"stats": stats, "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
@@ -258,12 +258,12 @@ def main(argv=None):
         a.setups = ["demo"] if a.setups == list(SETUPS) else a.setups   # unless setups were named
         a.variants, a.seeds = a.variants if a.variants != DEFAULT_VARIANTS else ["base"], a.seeds[:1]
         a.steps, a.train_prompts, a.heldout, a.eval_tokens = a.steps or 4, min(a.train_prompts, 12), min(a.heldout, 4), 16
-        DATA["max_new_tokens"] = 32
     if "base" not in a.variants: a.variants = ["base"] + a.variants   # every difference is to the baseline
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     work = Path(a.work); work.mkdir(parents=True, exist_ok=True)
     t0, records = time.perf_counter(), []
-    data = build_data(work, a.train_prompts, a.heldout)
+    data_config = {**DATA, "max_new_tokens": 32 if a.smoke else DATA["max_new_tokens"]}
+    data = build_data(work, a.train_prompts, a.heldout, data_config["max_new_tokens"])
     for s in a.setups:
         setup = json.loads(json.dumps(SETUPS[s]))
         if a.steps: setup["train"]["steps"] = a.steps
@@ -277,7 +277,7 @@ def main(argv=None):
              "held-out greedy speculative-decoding walk; Welch's t over seeds and a paired bootstrap over held-out samples",
         machine=dict(platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
                      cpus=os.cpu_count(), threads=torch.get_num_threads()),
-        args=vars(a), target=TARGET, data_config=DATA, setups={s: SETUPS[s] for s in a.setups},
+        args=vars(a), target=TARGET, data_config=data_config, setups={s: SETUPS[s] for s in a.setups},
         variants={v: VARIANTS[v] for v in a.variants}, data=data["data"], summary=summary, runs=records, wall_s=round(time.perf_counter() - t0, 1))
     out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp"); tmp.write_text(json.dumps(result, indent=1)); os.replace(tmp, out)
