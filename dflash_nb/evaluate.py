@@ -528,9 +528,10 @@ def speculative_generate(
             drafted.append(min(acc, new.numel()))
             # commit: the anchor and the accepted drafts were fed to the target → keep their features and cache entries
             feats = torch.cat([feats, new_feats[: new.numel()]])
-            if mode == "dynamic": _crop_cache(kv, a + new.numel())
+            if mode == "dynamic" or (mode == "snapshot" and not saved):  # attention only: a crop rolls it all back
+                _crop_cache(kv, a + new.numel())
             seq = torch.cat([seq, new]); n_gen += new.numel()
-            if mode == "snapshot" and new.numel() < block.numel() and n_gen < max_new_tokens and not stopped:
+            if mode == "snapshot" and saved and new.numel() < block.numel() and n_gen < max_new_tokens and not stopped:
                 # the linear state absorbed the rejected drafts too: back to before the block, then the kept part again
                 restore_cache(kv, saved, a)
                 kept = torch.arange(a, a + new.numel(), device=dev)

@@ -552,6 +552,18 @@ def test_cache_mode_errors(hybrid):
         speculative_generate(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], 4, HB, cache="dynamic")
 
 
+def test_snapshot_on_an_attention_only_target(hybrid):
+    "No linear layers to snapshot: 'snapshot' crops like 'dynamic' and feeds nothing twice."
+    t = tiny_target(num_layers=3)
+    p = hybrid["prompts"][1]
+    ref = torch.cat([p, greedy_generate(t, p, H_NEW)["tokens"]])
+    runs = {c: speculative_generate(ForcedProposer([ref], HB, "prefix"), t, p, H_NEW, HB, [0, 1], cache=c)
+            for c in ("snapshot", "dynamic")}
+    assert all(torch.equal(r["tokens"], ref[len(p):]) for r in runs.values())
+    assert runs["snapshot"]["forwards"] == runs["dynamic"]["forwards"] == 1 + len(runs["dynamic"]["accept_lengths"])
+    assert runs["snapshot"]["target_tokens"] == runs["dynamic"]["target_tokens"]
+
+
 def test_format_drafts(hybrid):
     "Accepted drafts in brackets per cycle, the target's tokens bare; a stop token among the drafts stays a draft."
     as_ids = lambda ids: "".join(f"<{t}>" for t in ids)
