@@ -662,10 +662,11 @@ def forward_costs(
     with capture_layers(model, layer_ids) as store:
         model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
         feats = _features_from(store, layer_ids)
+        saved = snapshot_linear_state(kw[_model_kwargs_cache_name(model)])  # hybrid targets: `crop` can't roll them back
         def target(n):
             x = prompt[-1:].expand(n)[None]
             model(input_ids=x, position_ids=torch.arange(P, P + n, device=dev)[None], **kw)
-            _crop_cache(kw[_model_kwargs_cache_name(model)], P)
+            restore_cache(kw[_model_kwargs_cache_name(model)], saved, P)
         t1 = _median_seconds(lambda: target(1), dev, repeats)
         tB = _median_seconds(lambda: target(B), dev, repeats)
     seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])

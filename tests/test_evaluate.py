@@ -564,6 +564,13 @@ def test_snapshot_on_an_attention_only_target(hybrid):
     assert runs["snapshot"]["target_tokens"] == runs["dynamic"]["target_tokens"]
 
 
+def test_forward_costs_on_a_hybrid_target(hybrid):
+    "--speedup times the target on a block and rolls its cache back each time: the linear state by a snapshot."
+    from dflash_nb.evaluate import forward_costs
+    c = forward_costs(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], HB, [0, 1], repeats=1)
+    assert min(c[k] for k in ("target_1", "target_block", "drafter")) > 0 and c["prompt_tokens"] == len(hybrid["prompts"][0])
+
+
 def test_format_drafts(hybrid):
     "Accepted drafts in brackets per cycle, the target's tokens bare; a stop token among the drafts stays a draft."
     as_ids = lambda ids: "".join(f"<{t}>" for t in ids)
