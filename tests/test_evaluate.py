@@ -1,6 +1,7 @@
 """τ and the speculative loop: lossless against plain greedy decoding on 20 chat prompts (real Qwen3 tokenizer, tiny
 target) with an untrained and a briefly trained drafter; the walk's τ (cycle by cycle) equals the real loop's; forced
-perfect / wrong drafters (fault injection) give τ = B / τ = 1; hybrid targets snapshot their linear-attention state (= recompute); the CLI."""
+perfect / wrong drafters (fault injection) give τ = B / τ = 1; hybrid targets snapshot their linear-attention state
+(same output and drafter context as recomputing); the CLI."""
 import copy, json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
