@@ -11,11 +11,12 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs', 'rejection_verify',
-           'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length', 'capture_layers', 'sample_generate',
-           'greedy_generate', 'speculative_generate', 'compare_decoding', 'forward_costs', 'expected_speedup',
-           'PromptFileError', 'read_prompt_file', 'render_prompts', 'prompt_set_tau', 'format_tau_table',
-           'load_target_spec', 'load_drafter_dir', 'main', 'cli']
+__all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
+           'rejection_verify', 'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length',
+           'capture_layers', 'snapshot_linear_state', 'restore_cache', 'sample_generate', 'greedy_generate',
+           'speculative_generate', 'format_drafts', 'show_drafts', 'compare_decoding', 'forward_costs',
+           'expected_speedup', 'PromptFileError', 'read_prompt_file', 'render_prompts', 'prompt_set_tau',
+           'format_tau_table', 'load_target_spec', 'load_drafter_dir', 'main', 'cli']
 
 # %% ../nbs/09_evaluate.ipynb #158ae965
 def generated_span(
@@ -337,11 +338,49 @@ def _features_from(store, layer_ids) -> torch.Tensor:
     "(T, n_t·H) from the captured (1, T, H) layer outputs, in `layer_ids` order (the drafter's fc input order)."
     return torch.cat([store[i][0] for i in layer_ids], dim=-1)
 
+CACHE_MODES = ("auto", "dynamic", "snapshot", "recompute")
+
 def _cache_mode(model, cache: str) -> str:
-    if cache != "auto": return cache
+    "The loop's cache mode: `cache`, or for 'auto' dynamic (attention only), snapshot (+ linear attention), recompute."
+    if cache not in CACHE_MODES: raise ValueError(f"cache must be one of {', '.join(CACHE_MODES)}; got {cache!r}")
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    types = getattr(cfg, "layer_types", None) or ["full_attention"]
-    return "dynamic" if all(t == "full_attention" for t in types) else "recompute"
+    types = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if cache == "dynamic" and "linear_attention" in types:  # cropping its KV cache would raise deep inside transformers
+        raise ValueError("cache='dynamic' can't roll back linear_attention layers: use 'snapshot' (or 'auto')")
+    if cache != "auto": return cache
+    if types == {"full_attention"}: return "dynamic"
+    snapshot_ok = types <= {"full_attention", "linear_attention"} and _linear_cache_layers_known()
+    return "snapshot" if snapshot_ok else "recompute"
+
+def _linear_cache_layers_known() -> bool:
+    "transformers ≥ 5 keeps linear-attention state in cache layers whose tensors can be copied and restored."
+    try: from transformers.cache_utils import LinearAttentionCacheLayerMixin  # noqa: F401
+    except ImportError: return False
+    return True
+
+# %% ../nbs/09_evaluate.ipynb #c1a5e7b1
+def _linear_layers(cache) -> list:
+    "The cache layers that hold a linear-attention (Gated DeltaNet) conv state and recurrent state."
+    return [layer for layer in cache.layers if hasattr(layer, "recurrent_states") and hasattr(layer, "conv_states")]
+
+def snapshot_linear_state(cache) -> list:
+    "Copies of every linear-attention layer's conv and recurrent states: the part of a hybrid cache `crop` can't undo."
+    copy = lambda states: {i: t.clone() for i, t in states.items() if t is not None}
+    return [(layer, copy(layer.conv_states), copy(layer.recurrent_states)) for layer in _linear_layers(cache)]
+
+def restore_cache(
+    cache,         # the DynamicCache of a hybrid target
+    snapshot,      # `snapshot_linear_state(cache)` taken when the cache held `length` tokens
+    length: int,   # tokens the cache holds again afterwards
+):
+    "Roll a hybrid cache back to `length` tokens: linear-attention states copied back in place, attention KV cropped."
+    from transformers.cache_utils import DynamicLayer
+    for layer, conv, rec in snapshot:
+        for i, t in conv.items(): layer.conv_states[i].copy_(t)  # in place: the layer keeps its tensors
+        for i, t in rec.items(): layer.recurrent_states[i].copy_(t)
+    for layer in cache.layers:
+        if isinstance(layer, DynamicLayer) and layer.get_seq_length() > length:
+            DynamicLayer.crop(layer, length - layer.get_seq_length())  # the attention part only: the rest was restored
 
 # %% ../nbs/09_evaluate.ipynb #90d1c0b8
 def _generator(generator, seed, device):
@@ -421,7 +460,9 @@ def speculative_generate(
     block_size: int | None = None,
     layer_ids=None,        # target layers feeding the drafter; default the drafter's target_layer_ids
     stop_token_ids=(),     # stop after committing one of these (it is kept)
-    cache: str = "auto",   # "dynamic" (KV cache, cropped after rejections), "recompute" (no cache), "auto"
+    cache: str = "auto",   # "dynamic" (KV cache, cropped after rejections), "snapshot" (hybrid targets: the
+                           # linear-attention state saved before each verification, restored after a rejection),
+                           # "recompute" (no cache), "auto"
     backend: str = "sdpa",
     temperature: float = 0.0,  # 0: greedy speculative decoding; > 0: speculative sampling (lossless: the target's distribution)
     top_p: float = 1.0,
@@ -435,7 +476,7 @@ def speculative_generate(
     B, layer_ids, proposer, dev, prompt = _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend)
     P, mode = prompt.numel(), _cache_mode(model, cache)
     cache_kw = _model_kwargs_cache_name(model)
-    kv = DynamicCache(config=model.config) if mode == "dynamic" else None
+    kv = DynamicCache(config=model.config) if mode != "recompute" else None
     kw = {cache_kw: kv, "use_cache": True} if kv is not None else {"use_cache": False}
     stop = set(int(t) for t in stop_token_ids)
     check_sampling(temperature, top_p, top_k)
@@ -443,6 +484,7 @@ def speculative_generate(
     gen = _generator(generator, seed, dev)
     probs = lambda lg: sampling_probs(lg, temperature, top_p, top_k)
     stats, t0 = AcceptanceStats(B), time.perf_counter()
+    drafted, fed = [], P  # accepted drafts among each cycle's committed tokens; tokens the target processed
     with capture_layers(model, layer_ids) as store:
         # prefill: features of the prompt, first generated token
         logits = model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw).logits
@@ -461,13 +503,16 @@ def speculative_generate(
                                                      model.get_output_embeddings().weight.shape[0])
             block = torch.cat([seq[a:], drafts])
             if kv is not None:
+                saved = snapshot_linear_state(kv) if mode == "snapshot" else None  # the state before `block`
                 logits = model(input_ids=block[None], position_ids=torch.arange(a, a + block.numel(), device=dev)[None], **kw).logits[0]
                 new_feats = _features_from(store, layer_ids)
+                fed += block.numel()
             else:  # recompute: the whole sequence again, correctness without any cache state to roll back
                 full = torch.cat([seq, drafts])
                 logits = model(input_ids=full[None], position_ids=torch.arange(full.numel(), device=dev)[None],
                                logits_to_keep=block.numel(), **kw).logits[0]
                 new_feats = _features_from(store, layer_ids)[a:]
+                fed += full.numel()
             forwards += 1
             if greedy:
                 target_next = logits.argmax(-1)  # target_next[i] = the target's token after block[: i + 1]
@@ -480,14 +525,81 @@ def speculative_generate(
             hit = [i for i, t in enumerate(new.tolist()) if t in stop]
             if hit: new, stopped = new[: hit[0] + 1], True
             stats.add(new.numel() - 1, cap)
+            drafted.append(min(acc, new.numel()))
             # commit: the anchor and the accepted drafts were fed to the target → keep their features and cache entries
             feats = torch.cat([feats, new_feats[: new.numel()]])
-            if kv is not None: _crop_cache(kv, a + new.numel())
+            if mode == "dynamic" or (mode == "snapshot" and not saved):  # attention only: a crop rolls it all back
+                _crop_cache(kv, a + new.numel())
             seq = torch.cat([seq, new]); n_gen += new.numel()
+            if mode == "snapshot" and saved and new.numel() < block.numel() and n_gen < max_new_tokens and not stopped:
+                # the linear state absorbed the rejected drafts too: back to before the block, then the kept part again
+                restore_cache(kv, saved, a)
+                kept = torch.arange(a, a + new.numel(), device=dev)
+                model(input_ids=block[None, : new.numel()], position_ids=kept[None], logits_to_keep=1, **kw)
+                forwards += 1
+                fed += new.numel()
     secs = time.perf_counter() - t0
     s = stats.summary()
     return dict(tokens=seq[P:].cpu(), seconds=secs, forwards=forwards, tau=s["tau"], accept_lengths=stats.lengths, stats=stats, cache=mode,
-                temperature=float(temperature))
+                temperature=float(temperature), drafted=drafted, target_tokens=fed)
+
+# %% ../nbs/09_evaluate.ipynb #c1a5e7b8
+def format_drafts(
+    result: dict,         # a `speculative_generate` result (its tokens, accept_lengths and drafted)
+    decode,               # token ids → text, e.g. a tokenizer's `decode`
+    color: bool = False,  # mark accepted drafts in green (ANSI) instead of brackets
+) -> str:
+    "The continuation as text: each cycle's accepted drafts in [brackets], the target's own tokens bare."
+    toks = torch.as_tensor(result["tokens"]).tolist()
+    text = lambda ids: decode(ids) if ids else ""
+    mark = (lambda t: f"\x1b[32m{t}\x1b[0m") if color else (lambda t: f"[{t}]")
+    parts, pos = [text(toks[:1])], 1  # the prefill's token: the target's
+    for n, d in zip(result["accept_lengths"], result["drafted"]):
+        if d: parts.append(mark(text(toks[pos:pos + d])))
+        parts.append(text(toks[pos + d:pos + n]))
+        pos += n
+    return "".join(parts)
+
+def show_drafts(
+    drafter, model, prompts,  # drafter (or proposer), target CausalLM, prompt token tensors
+    budgets,                  # new tokens per prompt (an int for all)
+    decode,                   # token ids → text
+    block_size: int | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,            # prompt i samples with seed + i
+    color: bool = False,
+    **loop_kw,                # more `speculative_generate` arguments (stop_token_ids, backend, top_p, top_k, ...)
+) -> str:
+    "One paragraph per prompt: its τ, then the continuation with each cycle's accepted drafts marked."
+    budgets = [int(budgets)] * len(prompts) if isinstance(budgets, int) else list(budgets)
+    out = []
+    for i, (p, n) in enumerate(zip(prompts, budgets)):
+        r = speculative_generate(drafter, model, p, n, block_size, temperature=temperature, seed=seed + i, **loop_kw)
+        head = (f"--- sample {i}: τ {r['tau']:.2f} over {len(r['accept_lengths'])} cycles, "
+                f"{sum(r['drafted'])} of {r['tokens'].numel()} tokens drafted [in brackets]")
+        out.append(head + "\n" + format_drafts(r, decode, color))
+    return "\n".join(out)
+
+def _cli_drafts(a, model, drafter, B, convs=None, chat_kwargs=None) -> str:
+    "`--show-drafts N`: the first N held-out prompts (--data) or prompts of the first file (--prompts), drafts marked."
+    tok = _tokenizer_for(a.target, a.tokenizer)
+    if convs:
+        prompts = render_prompts(next(iter(convs.values()))[: a.show_drafts], tok, chat_template_kwargs=chat_kwargs)
+        budgets = [a.max_new_tokens or 256] * len(prompts)
+    else:
+        from dflash_nb.data import read_shards
+        ds, prompts, budgets = read_shards(a.data), [], []
+        for i in range(len(ds)):
+            if len(prompts) == a.show_drafts: break
+            st, en = generated_span(ds[i]["loss_mask"])
+            if st < 1 or en - st < 2: continue
+            prompts.append(torch.tensor(ds[i]["input_ids"][:st]))
+            budgets.append(min(en - st, a.max_new_tokens or en - st))
+    T = float(a.temperature[0])
+    text = show_drafts(drafter, model, prompts, budgets, tok.decode, B, temperature=T, seed=a.seed,
+                       stop_token_ids=_stop_ids(model, tok), backend=a.backend, top_p=a.top_p, top_k=a.top_k)
+    print(f"drafts at temperature {T:g}: each cycle's accepted drafts in [brackets], the target's tokens bare\n{text}")
+    return text
 
 # %% ../nbs/09_evaluate.ipynb #65a199d0
 def compare_decoding(
@@ -550,10 +662,11 @@ def forward_costs(
     with capture_layers(model, layer_ids) as store:
         model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
         feats = _features_from(store, layer_ids)
+        saved = snapshot_linear_state(kw[_model_kwargs_cache_name(model)])  # hybrid targets: `crop` can't roll them back
         def target(n):
             x = prompt[-1:].expand(n)[None]
             model(input_ids=x, position_ids=torch.arange(P, P + n, device=dev)[None], **kw)
-            _crop_cache(kw[_model_kwargs_cache_name(model)], P)
+            restore_cache(kw[_model_kwargs_cache_name(model)], saved, P)
         t1 = _median_seconds(lambda: target(1), dev, repeats)
         tB = _median_seconds(lambda: target(B), dev, repeats)
     seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
@@ -740,6 +853,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="sdpa", help="drafter attention backend (sdpa, flex, triton)")
     ap.add_argument("--device", default=None); ap.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
     ap.add_argument("--json", default=None, help="write the results to this JSON file")
+    ap.add_argument("--show-drafts", type=int, default=0, metavar="N",
+                    help="print N continuations (held-out or first prompt file), accepted drafts in [brackets]")
     a = ap.parse_args(argv)
     try:
         for T in a.temperature: check_sampling(T, a.top_p, a.top_k)
@@ -753,6 +868,8 @@ def main(argv=None) -> dict:
     B = a.block_size or drafter.config.block_size
     if a.prompts: res = _main_prompts(a, model, drafter, B, convs, kwargs)
     else: res = _main_data(a, model, drafter, B)
+    if a.show_drafts > 0:
+        res["drafts"] = _cli_drafts(a, model, drafter, B, convs if a.prompts else None, kwargs if a.prompts else None)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(res, indent=1))

@@ -1,6 +1,7 @@
 """τ and the speculative loop: lossless against plain greedy decoding on 20 chat prompts (real Qwen3 tokenizer, tiny
 target) with an untrained and a briefly trained drafter; the walk's τ (cycle by cycle) equals the real loop's; forced
-perfect / wrong drafters (fault injection) give τ = B / τ = 1; hybrid targets take the recompute path; the CLI."""
+perfect / wrong drafters (fault injection) give τ = B / τ = 1; hybrid targets snapshot their linear-attention state
+(same output and drafter context as recomputing); the CLI."""
 import copy, json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
@@ -132,7 +133,7 @@ def test_partial_acceptance_and_stop_tokens(world):
 
 
 def test_hybrid_target_recompute_is_lossless(world):
-    "Qwen3.5-style linear attention cannot be cropped: `auto` recomputes, and the output is still the target's greedy one."
+    "Qwen3.5-style linear attention cannot be cropped: `auto` snapshots it, and the output is still the target's greedy one."
     hyb = tiny_target("qwen3_5", num_layers=3)
     cfg = DrafterConfig.from_target(hyb.config, num_hidden_layers=1, block_size=4, target_layer_ids=[0, 1], mask_token_id=151669)
     torch.manual_seed(0)
@@ -142,7 +143,7 @@ def test_hybrid_target_recompute_is_lossless(world):
         ref = torch.cat([p, g])
         for who in (dr, ForcedProposer([ref], 4, "prefix")):
             out = speculative_generate(who, hyb, p, 9, 4, [0, 1])
-            assert out["cache"] == "recompute" and torch.equal(out["tokens"], g)
+            assert out["cache"] == "snapshot" and torch.equal(out["tokens"], g)
         walk = acceptance_length(ForcedProposer([ref], 4, "prefix"), TargetFeatures(hyb, [0, 1]),
                                  [dict(input_ids=ref.tolist(), loss_mask=[0] * len(p) + [1] * 9)], block_size=4)
         assert walk["tau"] == speculative_generate(ForcedProposer([ref], 4, "prefix"), hyb, p, 9, 4, [0, 1])["tau"]
@@ -425,3 +426,189 @@ def test_bf16_target_with_fp32_drafter(world):
     for kw in (dict(), dict(temperature=1.0, generator=torch.Generator().manual_seed(0))):
         out = speculative_generate(drafter, target, world["prompts"][0], 5, block_size=B, **kw)
         assert out["tokens"].numel() == 5
+
+
+# ---------------------------------------------------------------- hybrid targets: snapshot of the linear-attention state
+from dflash_nb.evaluate import snapshot_linear_state, restore_cache, format_drafts, show_drafts, main as eval_main
+
+HB, H_NEW = 4, 11   # block size, generated tokens on the hybrid target
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    "A tiny Qwen3.5-layout target (linear + full attention), a random drafter on it, and three chat prompts."
+    torch.set_num_threads(1)
+    target = tiny_target("qwen3_5", num_layers=3)
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=HB, target_layer_ids=[0, 1],
+                                    mask_token_id=151669)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()).eval()
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    prompts = [torch.tensor(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                    tokenize=True, return_dict=False))
+               for q in ("What is 2 + 2?", "Name a prime number.", "Write a haiku about rain.")]
+    refs = [torch.cat([p, greedy_generate(target, p, H_NEW)["tokens"]]) for p in prompts]
+    return dict(target=target, drafter=drafter, prompts=prompts, refs=refs, tok=tok)
+
+
+class _Recording:
+    "Wraps a proposer and keeps a copy of the drafter context (features) the loop hands it every cycle."
+    def __init__(self, inner): self.inner, self.seen = inner, []
+    def propose(self, input_ids, features, anchors, position_ids=None):
+        self.seen.append(features.clone())
+        return self.inner.propose(input_ids, features, anchors)
+    def propose_sampled(self, input_ids, features, anchors, *args, **kw):
+        self.seen.append(features.clone())
+        return self.inner.propose_sampled(input_ids, features, anchors, *args, **kw)
+
+
+class _SelfSampler:
+    "The target drafting for itself from its own distributions (q = p): every draft is accepted at any temperature."
+    block_size = HB
+    def __init__(self, model): self.model = model
+    def propose_sampled(self, input_ids, features, anchors, temperature, top_p=1.0, top_k=0, generator=None, position_ids=None):
+        from dflash_nb.evaluate import sampling_probs
+        seq, qs = input_ids[: int(anchors[0]) + 1], []
+        for _ in range(HB - 1):
+            q = sampling_probs(self.model(input_ids=seq[None]).logits[0, -1], temperature, top_p, top_k)
+            seq = torch.cat([seq, torch.multinomial(q, 1, generator=generator)]); qs.append(q)
+        return seq[-(HB - 1):][None], torch.stack(qs)[None]
+    propose = None
+
+
+def _both_modes(hybrid, make, prompt, temperature, seed):
+    "Run snapshot and recompute with fresh proposers and generators seeded alike; return both results, contexts, generators."
+    runs = {}
+    for mode in ("snapshot", "recompute"):
+        rec, gen = _Recording(make()), torch.Generator().manual_seed(seed)
+        out = speculative_generate(rec, hybrid["target"], prompt, H_NEW, HB, [0, 1], cache=mode, temperature=temperature,
+                                   generator=gen)
+        runs[mode] = (out, rec.seen, gen)
+    return runs["snapshot"], runs["recompute"]
+
+
+# forced proposers replay the greedy text (at T > 0 the text leaves it); the self-sampler exists for T > 0 only
+@pytest.mark.parametrize("temperature,proposer", [(0.0, "random"), (0.0, "prefix"), (0.0, "perfect"), (1.0, "random"),
+                                                  (1.0, "self")])
+def test_snapshot_equals_recompute(hybrid, proposer, temperature):
+    "Same tokens, accepted lengths, drafter context and generator use as the recompute reference; fewer target tokens."
+    for i, (p, ref) in enumerate(zip(hybrid["prompts"], hybrid["refs"])):
+        make = {"random": lambda: DrafterProposer(hybrid["drafter"], HB), "prefix": lambda: ForcedProposer([ref], HB, "prefix"),
+                "perfect": lambda: ForcedProposer([ref], HB, "perfect"), "self": lambda: _SelfSampler(hybrid["target"])}[proposer]
+        (s, fs, gs), (r, fr, gr) = _both_modes(hybrid, make, p, temperature, seed=i)
+        assert s["cache"] == "snapshot" and r["cache"] == "recompute"
+        assert torch.equal(s["tokens"], r["tokens"]) and s["accept_lengths"] == r["accept_lengths"]
+        assert temperature > 0 or torch.equal(s["tokens"], ref[len(p):])       # greedy: the target's own text
+        assert torch.equal(gs.get_state(), gr.get_state())                      # the generator drew the same numbers
+        assert len(fs) == len(fr) and all(torch.allclose(x, y, atol=1e-4) for x, y in zip(fs, fr))   # fp32 rounding
+        assert s["target_tokens"] < r["target_tokens"]
+        cycles = len(s["accept_lengths"])
+        rollbacks = s["forwards"] - 1 - cycles
+        if proposer in ("perfect", "self"):    # every draft accepted: the state after the block is kept, never restored
+            assert rollbacks == 0 and s["accept_lengths"][:-1] == [HB] * (cycles - 1)
+        if proposer == "random":               # rejections: restored and fed again (not in the last cycle)
+            assert rollbacks == sum(l < HB for l in s["accept_lengths"][:-1]) > 0
+
+
+def test_restore_cache_rolls_back_the_linear_state(hybrid):
+    "After a block is fed and rolled back, feeding the kept part again gives the no-cache logits; without the restore it doesn't."
+    from transformers import DynamicCache
+    from dflash_nb.evaluate import _model_kwargs_cache_name
+    t, x = hybrid["target"], hybrid["refs"][0][:30]
+    want = t(input_ids=x[None, :24]).logits[0, -1]
+    for restore in (True, False):
+        kv = DynamicCache(config=t.config)
+        feed = lambda ids, start: t(input_ids=ids[None], position_ids=torch.arange(start, start + len(ids))[None],
+                                    use_cache=True, **{_model_kwargs_cache_name(t): kv}).logits[0]
+        feed(x[:20], 0)
+        saved = snapshot_linear_state(kv)
+        assert len(saved) == 2                        # layers 0 and 1 are linear attention, layer 2 full attention
+        feed(x[20:28], 20)
+        if restore: restore_cache(kv, saved, 20)
+        else:                                         # crop only the attention KV: the linear state keeps the block
+            restore_cache(kv, [], 20)
+        assert kv.get_seq_length() == 20
+        got = feed(x[20:24], 20)[-1]
+        assert torch.allclose(got, want, atol=1e-4) == restore
+
+
+def test_snapshot_cost_is_flat_in_context(hybrid):
+    "Target tokens per committed token: at most 2B on a long or short prompt with snapshot; recompute grows with the prompt."
+    t, dr = hybrid["target"], hybrid["drafter"]
+    per_token = {}
+    for n in (40, 160):
+        p = torch.arange(1000, 1000 + n)
+        for mode in ("snapshot", "recompute"):
+            out = speculative_generate(dr, t, p, 8, HB, [0, 1], cache=mode)
+            per_token[mode, n] = (out["target_tokens"] - n) / (out["tokens"].numel() - 1)   # prefill excluded
+    assert per_token["snapshot", 40] == per_token["snapshot", 160] <= 2 * HB
+    assert per_token["recompute", 160] > 3 * per_token["recompute", 40] > 3 * 2 * HB
+
+
+def test_cache_mode_errors(hybrid):
+    "An unknown cache mode, and a plain KV cache on a target whose linear-attention state it could not roll back."
+    with pytest.raises(ValueError, match="cache must be one of auto, dynamic, snapshot, recompute; got 'kv'"):
+        speculative_generate(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], 4, HB, cache="kv")
+    with pytest.raises(ValueError, match="cache='dynamic' can't roll back linear_attention layers: use 'snapshot'"):
+        speculative_generate(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], 4, HB, cache="dynamic")
+
+
+def test_snapshot_on_an_attention_only_target(hybrid):
+    "No linear layers to snapshot: 'snapshot' crops like 'dynamic' and feeds nothing twice."
+    t = tiny_target(num_layers=3)
+    p = hybrid["prompts"][1]
+    ref = torch.cat([p, greedy_generate(t, p, H_NEW)["tokens"]])
+    runs = {c: speculative_generate(ForcedProposer([ref], HB, "prefix"), t, p, H_NEW, HB, [0, 1], cache=c)
+            for c in ("snapshot", "dynamic")}
+    assert all(torch.equal(r["tokens"], ref[len(p):]) for r in runs.values())
+    assert runs["snapshot"]["forwards"] == runs["dynamic"]["forwards"] == 1 + len(runs["dynamic"]["accept_lengths"])
+    assert runs["snapshot"]["target_tokens"] == runs["dynamic"]["target_tokens"]
+
+
+def test_forward_costs_on_a_hybrid_target(hybrid):
+    "--speedup times the target on a block and rolls its cache back each time: the linear state by a snapshot."
+    from dflash_nb.evaluate import forward_costs
+    c = forward_costs(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], HB, [0, 1], repeats=1)
+    assert min(c[k] for k in ("target_1", "target_block", "drafter")) > 0 and c["prompt_tokens"] == len(hybrid["prompts"][0])
+
+
+def test_format_drafts(hybrid):
+    "Accepted drafts in brackets per cycle, the target's tokens bare; a stop token among the drafts stays a draft."
+    as_ids = lambda ids: "".join(f"<{t}>" for t in ids)
+    assert format_drafts(dict(tokens=[5, 6, 7, 8, 9], accept_lengths=[3, 1], drafted=[2, 0]), as_ids) == "<5>[<6><7>]<8><9>"
+    assert format_drafts(dict(tokens=[5, 6, 7], accept_lengths=[2], drafted=[2]), as_ids) == "<5>[<6><7>]"
+    assert format_drafts(dict(tokens=[5, 6], accept_lengths=[1], drafted=[1]), as_ids, color=True) == "<5>\x1b[32m<6>\x1b[0m"
+    p, ref = hybrid["prompts"][0], hybrid["refs"][0]
+    r = speculative_generate(ForcedProposer([ref], HB, "prefix"), hybrid["target"], p, H_NEW, HB, [0, 1])
+    marked = format_drafts(r, as_ids)
+    assert marked.replace("[", "").replace("]", "") == as_ids(r["tokens"].tolist())
+    assert marked.count("[") == sum(d > 0 for d in r["drafted"]) > 0
+    assert sum(r["drafted"]) == sum(r["accept_lengths"]) - len(r["accept_lengths"])   # one target token per cycle
+    # stop on a token the perfect drafter proposes: the last cycle ends on an accepted draft, nothing bare after it
+    stop = int(ref[len(p) + 2])
+    r = speculative_generate(ForcedProposer([ref], HB, "perfect"), hybrid["target"], p, H_NEW, HB, [0, 1],
+                             stop_token_ids=[stop])
+    assert r["drafted"][-1] == r["accept_lengths"][-1] and format_drafts(r, as_ids).endswith(f"<{stop}>]")
+    text = show_drafts(ForcedProposer([ref], HB, "prefix"), hybrid["target"], [p], H_NEW, hybrid["tok"].decode, HB,
+                       layer_ids=[0, 1])
+    assert text.startswith("--- sample 0: τ ") and "[" in text
+
+
+def test_cli_show_drafts(tmp_path, capsys):
+    "`--show-drafts N` prints N held-out continuations (--data) or prompt-file continuations with the drafts marked."
+    from dflash_nb.data import tokenize_dataset, write_jsonl, DataConfig
+    from dflash_nb.export import export_drafter
+    recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight."}
+            for i in range(3)]
+    tokenize_dataset([str(write_jsonl(recs, tmp_path / "in.jsonl"))], qwen3_tokenizer_dir(), tmp_path / "data",
+                     DataConfig(min_loss_tokens=4, workers=1), verbose=False)
+    t = tiny_target()
+    cfg = DrafterConfig.from_target(t.config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=151669)
+    export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg, tmp_path / "drafter")
+    base = ["--drafter", str(tmp_path / "drafter"), "--target", "tiny", "--max-new-tokens", "6", "--show-drafts", "2"]
+    res = eval_main(base + ["--data", str(tmp_path / "data"), "--num-samples", "1"])
+    out = capsys.readouterr().out
+    assert "accepted drafts in [brackets]" in out and res["drafts"] in out
+    assert res["drafts"].count("--- sample ") == 2 and "--- sample 1: τ " in out
+    res = eval_main(base + ["--prompts", str(PROMPTS / "math.jsonl"), "--temperature", "1"])
+    assert res["drafts"].count("--- sample ") == 2 and "drafts at temperature 1" in capsys.readouterr().out
