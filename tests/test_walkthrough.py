@@ -19,7 +19,7 @@ def _run(*args, timeout=600) -> subprocess.CompletedProcess:
 
 
 def _config(tmp_path: Path) -> Path:
-    "The demo config made tiny: few steps, short answers, no bundled prompts (the user's file comes on the command line)."
+    "The demo config made tiny: few steps, short answers, no bundled prompts (the file comes on the command line)."
     from dflash_nb.train import demo_config_path
     cfg = yaml.safe_load(demo_config_path().read_text())
     cfg["train"].update(steps=3, log_every=1, checkpoint={"every": 3, "keep": 1})
