@@ -471,9 +471,15 @@ def _write(path: Path, recs: list, kind: str) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def qwen_tok():
+    "The real Qwen3 tokenizer, loaded once for the 21 format cases."
+    return load_tokenizer(qwen3_tokenizer_dir())
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "parquet", "json"])
 @pytest.mark.parametrize("name", list(BENCH))
-def test_benchmark_formats(tmp_path, name, kind):
+def test_benchmark_formats(tmp_path, name, kind, qwen_tok):
     "Each benchmark's own fields are told apart and become the user turn the benchmark asks, never its answer."
     rec, asked = BENCH[name]
     f = _write(tmp_path / f"{name}.{kind}", [rec, rec], kind)
@@ -482,9 +488,8 @@ def test_benchmark_formats(tmp_path, name, kind):
     assert pf[0] == [{"role": "user", "content": asked}]
     for answer_field in ("answer", "solution", "canonical_solution", "code", "output"):
         if isinstance(rec.get(answer_field), str): assert rec[answer_field] not in json.dumps(pf.conversations)
-    tok = load_tokenizer(qwen3_tokenizer_dir())
-    ids = render_prompts(pf, tok)[0]
-    ref = tok.apply_chat_template(pf[0], add_generation_prompt=True, tokenize=True, return_dict=False)
+    ids = render_prompts(pf, qwen_tok)[0]
+    ref = qwen_tok.apply_chat_template(pf[0], add_generation_prompt=True, tokenize=True, return_dict=False)
     assert ids.tolist() == list(ref)
 
 
