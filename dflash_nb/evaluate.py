@@ -771,6 +771,8 @@ def read_prompt_specs(
     max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
 ) -> dict:
     "{row name: PromptFile}: a named format names its row, otherwise the file name does (the path when names repeat)."
+    if max_records is not None and max_records < 1: raise PromptFileError(f"--max-prompts {max_records}: must be >= 1")
+    if max_record_bytes < 1: raise PromptFileError(f"--max-record-bytes {max_record_bytes}: must be >= 1")
     files = []
     for spec in specs:
         fmt, _, path = str(spec).partition("=")
