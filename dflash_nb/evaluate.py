@@ -11,12 +11,14 @@ import torch
 from torch import nn
 
 # %% auto #0
-__all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
-           'rejection_verify', 'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length',
-           'capture_layers', 'snapshot_linear_state', 'restore_cache', 'sample_generate', 'greedy_generate',
-           'speculative_generate', 'format_drafts', 'show_drafts', 'compare_decoding', 'forward_costs',
-           'expected_speedup', 'PromptFileError', 'read_prompt_file', 'render_prompts', 'prompt_set_tau',
-           'format_tau_table', 'load_target_spec', 'load_drafter_dir', 'main', 'cli']
+__all__ = ['CACHE_MODES', 'PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMPT_RECORD_BYTES',
+           'MAX_PROMPT_JSON_DEPTH', 'MAX_JSON_ARRAY_BYTES', 'generated_span', 'accepted_prefix', 'AcceptanceStats',
+           'check_sampling', 'sampling_probs', 'rejection_verify', 'DrafterProposer', 'ForcedProposer', 'walk_sample',
+           'acceptance_length', 'capture_layers', 'snapshot_linear_state', 'restore_cache', 'sample_generate',
+           'greedy_generate', 'speculative_generate', 'format_drafts', 'show_drafts', 'compare_decoding',
+           'forward_costs', 'expected_speedup', 'PromptFileError', 'detect_prompt_format', 'prompt_records',
+           'MultiTurn', 'PromptFile', 'read_prompt_file', 'read_prompt_specs', 'render_prompts', 'answer_turns',
+           'prompt_set_tau', 'format_tau_table', 'load_target_spec', 'load_drafter_dir', 'main', 'cli']
 
 # %% ../nbs/09_evaluate.ipynb #158ae965
 def generated_span(
@@ -682,40 +684,228 @@ def expected_speedup(tau: float, costs: dict) -> float:
 class PromptFileError(ValueError):
     "A prompt file that can't be read: the message names the file and line."
 
-def read_prompt_file(
-    path,                   # JSONL: {"prompt": str[, "system": str]} or {"messages": [...]} per line
-    role_map: dict | None = None,  # rename roles (default: ShareGPT's human/gpt)
-) -> list[list[dict]]:
-    "The conversations to continue, one per record; a final assistant turn is dropped."
+def _user(rec: dict, key: str) -> str:
+    "The non-empty string in `rec[key]`, or a RecordError naming the field."
+    from dflash_nb.data import RecordError
+    v = rec.get(key)
+    if v is None: raise RecordError("missing_field", f"no {key!r} field")
+    if not isinstance(v, str): raise RecordError("wrong_type", f"{key!r} must be a string, got {type(v).__name__}")
+    if not v.strip(): raise RecordError("empty", f"{key!r} is empty")
+    return v
+
+def _user_turns(rec: dict, key: str) -> tuple[list, list]:
+    "(first user message, later user turns) from a list of strings in `rec[key]` (MT-Bench's `turns`)."
+    from dflash_nb.data import RecordError
+    v = rec.get(key)
+    if not isinstance(v, list) or not v: raise RecordError("wrong_type", f"{key!r} must be a non-empty list of strings")
+    turns = [_user({f"{key}[{i}]": t}, f"{key}[{i}]") for i, t in enumerate(v)]
+    return [{"role": "user", "content": turns[0]}], turns[1:]
+
+def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
+    "(messages, later user turns) of this project's own shapes: `prompt` (a string or a list of turns) or `messages`."
     from dflash_nb.data import normalize_messages, RecordError
-    role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
-    p, out = Path(path), []
+    prompt = rec.get("prompt")
+    if isinstance(prompt, str): return [{"role": "user", "content": _user(rec, "prompt")}], []
+    if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
+        return _user_turns(rec, "prompt")
+    if "messages" in rec or "prompt" in rec:
+        return normalize_messages(rec.get("messages", prompt), {}, role_map, PROMPT_ROLES), []
+    raise RecordError("missing_field", "no prompt or messages field")
+
+def _mbpp_text(rec: dict) -> str:
+    "MBPP's task and its tests as the MBPP paper prompts them (the task is `text`, or `prompt` in the sanitized split)."
+    text = _user(rec, "text" if "text" in rec else "prompt")
+    tests = rec.get("test_list")
+    if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests): return text
+    return text + "\nYour code should pass these tests:\n\n" + "\n".join(tests)
+
+def _alpaca_text(rec: dict) -> str:
+    "Alpaca's instruction, then its input when there is one."
+    from dflash_nb.data import RecordError
+    extra = rec.get("input") or ""
+    if not isinstance(extra, str):
+        raise RecordError("wrong_type", f"'input' must be a string, got {type(extra).__name__}")
+    return _user(rec, "instruction") + ("\n\n" + extra if extra.strip() else "")
+
+def _single(text: str) -> tuple[list, list]: return [{"role": "user", "content": text}], []
+
+PROMPT_ROLES = ("system", "user", "assistant", "tool")  # roles a prompt may hold; others (e.g. "narrator") are refused
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"  # its prompt is a code stub
+
+# name -> (fields that identify it, record -> (messages, later user turns)); reference answers and solutions stay unread
+PROMPT_FORMATS = {
+    "chat": (("messages",), _chat_record),
+    "mtbench": (("turns",), lambda r, roles: _user_turns(r, "turns")),
+    "alpaca": (("instruction",), lambda r, roles: _single(_alpaca_text(r))),
+    "gsm8k": (("question",), lambda r, roles: _single(_user(r, "question"))),
+    "math500": (("problem",), lambda r, roles: _single(_user(r, "problem"))),
+    "mbpp": (("text", "test_list"), lambda r, roles: _single(_mbpp_text(r))),
+    "humaneval": (("prompt", "canonical_solution"),
+                  lambda r, roles: _single(HUMANEVAL_INSTRUCTION.format(prompt=_user(r, "prompt")))),
+    "prompt": (("prompt",), _chat_record),
+}
+
+def detect_prompt_format(rec) -> str:
+    "The PROMPT_FORMATS name of a record, told from its field names."
+    keys = set(rec) if isinstance(rec, dict) else set()
+    if {"prompt", "test_list"} <= keys: return "mbpp"          # MBPP sanitized keeps the task in `prompt`
+    if {"prompt", "entry_point"} <= keys: return "humaneval"   # HumanEval without its solution column
+    if {"text", "code"} <= keys: return "mbpp"
+    for name, (fields, _) in PROMPT_FORMATS.items():
+        if set(fields) <= keys: return name
+    shown = ", ".join(sorted(map(str, keys))[:8]) or "none"
+    raise PromptFileError(f"no prompt or messages field, and no benchmark's fields ({shown}); "
+                          f"name the format as FORMAT=FILE (formats: {', '.join(PROMPT_FORMATS)})")
+
+# %% ../nbs/09_evaluate.ipynb #c81f5a07
+MAX_PROMPT_RECORD_BYTES = 1 << 20  # a record (JSONL line, Parquet row) above this is refused before it is parsed
+MAX_PROMPT_JSON_DEPTH = 32         # a benchmark record nests 4 levels at most: deeper input is refused
+MAX_JSON_ARRAY_BYTES = 64 << 20    # a JSON array file is parsed whole, so it is refused above this size
+
+def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
+    "Raise RecordError when `obj` nests lists/objects deeper than `limit` (iterative: no recursion on hostile input)."
+    from dflash_nb.data import RecordError
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (list, dict)):
+            if d > limit: raise RecordError("too_deep", f"nested deeper than {limit} levels")
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+
+def _jsonl_records(p: Path, max_bytes: int):
+    "(where, record) of a JSONL file, read line by line: a line is never read past `max_bytes`."
+    from dflash_nb.data import parse_line, RecordError
+    with open(p, "rb") as f:
+        n = 0
+        while line := f.readline(max_bytes + 1):
+            n += 1
+            if len(line) > max_bytes and not line.endswith(b"\n"):
+                raise PromptFileError(f"{p}:{n}: record larger than {max_bytes} bytes (--max-record-bytes)")
+            if not line.strip(): continue
+            try: yield f"{p}:{n}", parse_line(line)
+            except RecordError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e})") from None
+
+def _parquet_records(p: Path, max_bytes: int):
+    "(where, record) of a Parquet file, a batch of rows at a time; rows counted from 1."
+    import pyarrow.parquet as pq
+    try: pf = pq.ParquetFile(p)
+    except Exception as e:   # pyarrow raises several types for a damaged file: all are "not readable" here
+        raise PromptFileError(f"{p}: not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
+    n = 0
+    for batch in pf.iter_batches(batch_size=64):
+        for rec in batch.to_pylist():
+            n += 1
+            if len(json.dumps(rec, default=str)) > max_bytes:
+                raise PromptFileError(f"{p}: row {n}: record larger than {max_bytes} bytes (--max-record-bytes)")
+            yield f"{p}: row {n}", rec
+
+def _json_array_records(p: Path, max_bytes: int):
+    "(where, record) of a file holding one JSON array, parsed whole (refused above MAX_JSON_ARRAY_BYTES)."
+    from dflash_nb.data import parse_line, RecordError
+    if p.stat().st_size > MAX_JSON_ARRAY_BYTES:
+        raise PromptFileError(f"{p}: a JSON array file over {MAX_JSON_ARRAY_BYTES >> 20} MiB; "
+                              "write it as JSONL, one record a line")
+    try: recs = parse_line(p.read_bytes())
+    except RecordError as e: raise PromptFileError(f"{p}: not JSON ({e})") from None
+    if not isinstance(recs, list): raise PromptFileError(f"{p}: a JSON file must hold an array of records")
+    for n, rec in enumerate(recs, 1):
+        if len(json.dumps(rec)) > max_bytes:
+            raise PromptFileError(f"{p}: record {n}: record larger than {max_bytes} bytes (--max-record-bytes)")
+        yield f"{p}: record {n}", rec
+
+def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES):
+    "(where, record) of a JSONL, Parquet or JSON-array file, told apart by their first bytes, never read whole first."
+    p = Path(path)
     if not p.is_file(): raise PromptFileError(f"{p}: no such prompt file")
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip(): continue
-        try: rec = json.loads(line)
-        except json.JSONDecodeError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e.msg})") from None
+    with open(p, "rb") as f: head = f.read(4096)
+    if head.startswith(b"PAR1"): yield from _parquet_records(p, max_record_bytes)
+    elif head.lstrip().startswith(b"["): yield from _json_array_records(p, max_record_bytes)
+    else: yield from _jsonl_records(p, max_record_bytes)
+
+# %% ../nbs/09_evaluate.ipynb #a4d7c9e2
+@dataclass
+class MultiTurn:
+    "A conversation the target answers turn by turn: its answer to each user turn joins the context of the next."
+    messages: list     # the conversation up to the first user turn to answer
+    followups: list    # the later user turns (strings), in order
+    render: object     # messages -> prompt token ids with the generation prompt
+    decode: object     # generated token ids -> the assistant turn's text
+    def first_prompt(self) -> torch.Tensor: return self.render(self.messages)
+
+@dataclass
+class PromptFile:
+    "The conversations of one prompt file (it indexes and iterates like their list) and how it was read."
+    path: str
+    format: str                  # a PROMPT_FORMATS name
+    detected: bool               # True: told from the first record's fields; False: named by the user
+    conversations: list          # per record: the messages to continue (no trailing assistant turn)
+    followups: list              # per record: later user turns, each sent after the target's answer to the one before
+    def __len__(self): return len(self.conversations)
+    def __getitem__(self, i): return self.conversations[i]
+    def __iter__(self): return iter(self.conversations)
+    @property
+    def turns(self) -> int: return len(self.conversations) + sum(map(len, self.followups))
+
+def read_prompt_file(
+    path,                   # JSONL, Parquet or a JSON array: this project's shapes or a benchmark's (PROMPT_FORMATS)
+    role_map: dict | None = None,  # rename roles (default: ShareGPT's human/gpt)
+    prompt_format: str | None = None,  # a PROMPT_FORMATS name; None: told from the first record
+    max_records: int | None = None,  # stop after this many records (the rest of the file is not read)
+    max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
+) -> PromptFile:
+    "The conversations to continue, one per record; reference answers are dropped, the target writes its own."
+    from dflash_nb.data import RecordError
+    role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
+    if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
+        raise PromptFileError(f"{path}: unknown format {prompt_format!r} (formats: {', '.join(PROMPT_FORMATS)})")
+    out = PromptFile(str(path), prompt_format, prompt_format is None, [], [])
+    for where, rec in prompt_records(path, max_record_bytes):
         try:
-            if not isinstance(rec, dict): raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
-            if isinstance(rec.get("prompt"), str): msgs = [{"role": "user", "content": rec["prompt"]}]
-            elif "messages" in rec or "prompt" in rec: msgs = normalize_messages(rec.get("messages", rec.get("prompt")), {}, role_map)
-            else: raise RecordError("missing_field", "no prompt or messages field")
+            _check_depth(rec)
+            if not isinstance(rec, dict):
+                raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
+            if out.format is None: out.format = detect_prompt_format(rec)
+            msgs, later = PROMPT_FORMATS[out.format][1](rec, role_map)
             if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
                 msgs.insert(0, {"role": "system", "content": rec["system"]})
             if msgs and msgs[-1]["role"] == "assistant": msgs = msgs[:-1]
-            if not msgs or msgs[-1]["role"] == "system": raise RecordError("missing_field", "nothing to answer (no user turn)")
-        except RecordError as e: raise PromptFileError(f"{p}:{n}: {e}") from None
-        out.append(msgs)
-    if not out: raise PromptFileError(f"{p}: no records")
+            if not msgs or msgs[-1]["role"] == "system":
+                raise RecordError("missing_field", "nothing to answer (no user turn)")
+        except (RecordError, PromptFileError) as e: raise PromptFileError(f"{where}: {e}") from None
+        out.conversations.append(msgs)
+        out.followups.append(later)
+        if max_records is not None and len(out) >= max_records: break   # the rest of the file is never read
+    if not out.conversations: raise PromptFileError(f"{path}: no records")
     return out
+
+def read_prompt_specs(
+    specs,                  # command-line items: FILE or FORMAT=FILE
+    max_records: int | None = None,
+    max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
+) -> dict:
+    "{row name: PromptFile}: a named format names its row, otherwise the file name does (the path when names repeat)."
+    if max_records is not None and max_records < 1: raise PromptFileError(f"--max-prompts {max_records}: must be >= 1")
+    if max_record_bytes < 1: raise PromptFileError(f"--max-record-bytes {max_record_bytes}: must be >= 1")
+    files = []
+    for spec in specs:
+        fmt, _, path = str(spec).partition("=")
+        if not path or (fmt not in PROMPT_FORMATS and Path(spec).is_file()): fmt, path = None, str(spec)
+        elif fmt not in PROMPT_FORMATS:
+            raise PromptFileError(f"{spec}: unknown format {fmt!r} before '=' (formats: {', '.join(PROMPT_FORMATS)})")
+        files.append(read_prompt_file(path, prompt_format=fmt, max_records=max_records,
+                                      max_record_bytes=max_record_bytes))
+    short = [f.format if not f.detected else Path(f.path).name for f in files]
+    return {(s if short.count(s) == 1 else (f"{f.format}={f.path}" if not f.detected else f.path)): f
+            for s, f in zip(short, files)}
 
 def render_prompts(
     convs,                  # conversations (read_prompt_file)
     tokenizer,              # the target's tokenizer (its chat template)
     enable_thinking: bool = True,
     chat_template_kwargs: dict | None = None,  # extra template variables, as in training
-) -> list[torch.Tensor]:
-    "Token ids of each conversation rendered with the generation prompt, ready for the target to continue."
+    followups=None,         # per conversation, later user turns (default: a PromptFile's own): those become MultiTurn
+) -> list:
+    "Token ids of each conversation rendered with the generation prompt; a multi-turn one becomes a `MultiTurn`."
     from dflash_nb.data import ChatRenderer
     kw = dict(chat_template_kwargs or {})
     if "chat_template_kwargs" in inspect.signature(ChatRenderer).parameters:
@@ -723,33 +913,59 @@ def render_prompts(
     else:
         r = ChatRenderer(tokenizer, enable_thinking=enable_thinking); r.kwargs.update(kw)
     enc = tokenizer.backend_tokenizer
-    return [torch.tensor(enc.encode(r.render(m, add_generation_prompt=True), add_special_tokens=False).ids, dtype=torch.long)
-            for m in convs]
+    render = lambda m: torch.tensor(enc.encode(r.render(m, add_generation_prompt=True), add_special_tokens=False).ids,
+                                    dtype=torch.long)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    later = followups if followups is not None else getattr(convs, "followups", None) or [[] for _ in convs]
+    return [MultiTurn(list(m), list(f), render, decode) if f else render(m) for m, f in zip(convs, later)]
 
 # %% ../nbs/09_evaluate.ipynb #b090361d
+def answer_turns(
+    drafter, model,                 # drafter (or proposer), target CausalLM
+    item: MultiTurn,                # the conversation and its later user turns
+    max_new_tokens: int,            # per turn
+    **loop,                         # speculative_generate's other arguments (block_size, temperature, generator, ...)
+) -> list[dict]:
+    "speculative_generate for every user turn: the target's answer joins the conversation before the next turn."
+    from dflash_nb.data import normalize_messages
+    msgs, runs = list(item.messages), []
+    for nxt in [*item.followups, None]:
+        runs.append(speculative_generate(drafter, model, item.render(msgs), max_new_tokens, **loop))
+        if nxt is None: break
+        answer = normalize_messages([{"role": "assistant", "content": item.decode(runs[-1]["tokens"])}], {}, {})
+        msgs += answer + [{"role": "user", "content": nxt}]   # reasoning split off as the template expects it
+    return runs
+
 def prompt_set_tau(
-    drafter, model, prompts,        # drafter (or proposer), target CausalLM, list of prompt token tensors
+    drafter, model, prompts,        # drafter (or proposer), target CausalLM, prompt token tensors or MultiTurn items
     temperatures=(0.0,),            # one τ per temperature
-    max_new_tokens: int = 256,
+    max_new_tokens: int = 256,      # per prompt (per turn for a MultiTurn)
     block_size: int | None = None,
     layer_ids=None,
     stop_token_ids=(),
     top_p: float = 1.0, top_k: int = 0,
-    seed: int = 0,                  # prompt i at every temperature samples with seed + i
+    seed: int = 0,                  # prompt i at every temperature samples with seed + i (all its turns: one generator)
     backend: str = "sdpa",
 ) -> dict:
-    "{temperature: τ, per-position acceptance, histogram, tokens} of the real speculative loop over a prompt set."
+    "{temperature: τ, per-position acceptance, histogram, tokens, turns} of the real speculative loop on a prompt set."
     out = {}
     for T in temperatures:
         B = int(block_size or getattr(getattr(drafter, "config", None), "block_size", 0) or drafter.block_size)
-        stats, secs = AcceptanceStats(B), 0.0
+        stats, secs, turns = AcceptanceStats(B), 0.0, 0
+        loop = dict(block_size=B, layer_ids=layer_ids, stop_token_ids=stop_token_ids, backend=backend,
+                    temperature=float(T), top_p=top_p, top_k=top_k)
         for i, p in enumerate(prompts):
-            r = speculative_generate(drafter, model, p, max_new_tokens, block_size=B, layer_ids=layer_ids,
-                                     stop_token_ids=stop_token_ids, backend=backend, temperature=float(T), top_p=top_p,
-                                     top_k=top_k, seed=seed + i)
-            stats.merge(r["stats"]); secs += r["seconds"]
+            if isinstance(p, MultiTurn):
+                dev = model.get_input_embeddings().weight.device
+                gen = torch.Generator(dev).manual_seed(seed + i)
+                runs = answer_turns(drafter, model, p, max_new_tokens, generator=gen, **loop)
+            else: runs = [speculative_generate(drafter, model, p, max_new_tokens, seed=seed + i, **loop)]
+            for r in runs:
+                stats.merge(r["stats"])
+                secs += r["seconds"]
+            turns += len(runs)
         s = stats.summary()
-        s.update(prompts=len(prompts), seconds=secs)
+        s.update(prompts=len(prompts), turns=turns, seconds=secs)
         out[float(T)] = s
     return out
 
@@ -835,7 +1051,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--target", required=True, help="target: local HF dir, 'tiny' (built-in tiny Qwen3), or a trainer run's config.yaml")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="held-out tokenized shards (output of python -m dflash_nb.data)")
-    src.add_argument("--prompts", nargs="+", metavar="FILE.jsonl", help="benchmark prompt files: JSONL records with 'prompt' or 'messages'; one τ table row per file")
+    src.add_argument("--prompts", nargs="+", metavar="[FORMAT=]FILE",
+                     help="benchmark prompt files (JSONL, Parquet, JSON array): 'prompt'/'messages' records or a "
+                          f"benchmark's own (FORMAT: {', '.join(PROMPT_FORMATS)}; default: told from the fields); "
+                          "one τ table row per file")
+    ap.add_argument("--max-prompts", type=int, default=None, metavar="N",
+                    help="--prompts: the first N records of each file (default all)")
+    ap.add_argument("--max-record-bytes", type=int, default=MAX_PROMPT_RECORD_BYTES, metavar="N",
+                    help="--prompts: a longer record (JSONL line, Parquet row) is refused")
     ap.add_argument("--temperature", nargs="+", type=float, default=[0.0], metavar="T", help="sampling temperatures, one τ column each (0 = greedy; default 0)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass for T > 0 (default 1: off)")
     ap.add_argument("--top-k", type=int, default=0, help="top-k sampling for T > 0 (default 0: off)")
@@ -860,7 +1083,7 @@ def main(argv=None) -> dict:
         for T in a.temperature: check_sampling(T, a.top_p, a.top_k)
         if a.prompts:
             kwargs = _json_dict(a.chat_template_kwargs, "--chat-template-kwargs")
-            convs = {f: read_prompt_file(f) for f in a.prompts}
+            convs = read_prompt_specs(a.prompts, a.max_prompts, a.max_record_bytes)
     except (PromptFileError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr); raise SystemExit(2)
     model = load_target_spec(a.target, a.device, a.dtype)
@@ -875,13 +1098,20 @@ def main(argv=None) -> dict:
         Path(a.json).write_text(json.dumps(res, indent=1))
     return res
 
+def _first_turns(prompts) -> list:
+    "Each prompt's first turn as token ids (a MultiTurn's later turns depend on what the target answers)."
+    return [p.first_prompt() if isinstance(p, MultiTurn) else p for p in prompts]
+
 def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     tok = _tokenizer_for(a.target, a.tokenizer)
     stop, n_new = _stop_ids(model, tok), a.max_new_tokens or 256
     sets, rendered = {}, {}
-    for f, c in convs.items():
-        name = Path(f).name if sum(Path(g).name == Path(f).name for g in convs) == 1 else str(f)
-        rendered[name] = render_prompts(c, tok, chat_template_kwargs=kwargs)
+    for name, pf in convs.items():
+        how = "told from its fields" if pf.detected else "named"
+        print(f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
+              + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "") + f" from {pf.path}")
+    for name, pf in convs.items():
+        rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
         sets[name] = prompt_set_tau(drafter, model, rendered[name], a.temperature, n_new, B,
                                     stop_token_ids=stop, top_p=a.top_p, top_k=a.top_k, seed=a.seed, backend=a.backend)
     print(f"τ, block size {B}, at most {n_new} new tokens per prompt" + (f", top-p {a.top_p}" if a.top_p < 1 else "")
@@ -889,8 +1119,10 @@ def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     print(format_tau_table(sets, a.temperature))
     out = dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in a.temperature], top_p=a.top_p,
                top_k=a.top_k, seed=a.seed, chat_template_kwargs=kwargs)
+    out["prompt_files"] = {n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf),
+                                   turns=pf.turns) for n, pf in convs.items()}
     if a.speedup:
-        costs = forward_costs(drafter, model, next(iter(rendered.values()))[0], B, backend=a.backend)
+        costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=a.backend)
         for s in sets.values():
             for r in s.values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
         out["forward_costs"] = costs
@@ -898,10 +1130,13 @@ def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     if a.measure_speedup:
         for name, s in sets.items():
             for T, r in s.items():
-                r["measured"] = compare_decoding(drafter, model, rendered[name][: a.measure_speedup], n_new, B, stop_token_ids=stop,
-                                                 backend=a.backend, temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+                firsts = _first_turns(rendered[name][: a.measure_speedup])
+                r["measured"] = compare_decoding(drafter, model, firsts, n_new, B, stop_token_ids=stop,
+                                                 backend=a.backend, temperature=T, top_p=a.top_p, top_k=a.top_k,
+                                                 seed=a.seed)
                 r["measured_speedup"] = r["measured"]["speedup"]
-        print(f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file")
+        print(f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file "
+              "(first turns)")
         print(format_tau_table(sets, a.temperature, "measured_speedup", "speed-up", ".2f"))
     out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
     return out

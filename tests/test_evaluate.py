@@ -354,7 +354,7 @@ def test_prompt_files_render_like_the_chat_template():
 
 
 @pytest.mark.parametrize("text,msg", [("{\"prompt\": \"a\"}\nnot json\n", "x.jsonl:2: not JSON"),
-                                      ("{\"question\": \"a\"}\n", "x.jsonl:1: no prompt or messages field"),
+                                      ("{\"oops\": \"a\"}\n", "x.jsonl:1: no prompt or messages field"),
                                       ("{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}]}\n", "x.jsonl:1: nothing to answer"),
                                       ("\n\n", "x.jsonl: no records")])
 def test_prompt_file_errors(tmp_path, text, msg):
@@ -612,3 +612,190 @@ def test_cli_show_drafts(tmp_path, capsys):
     assert res["drafts"].count("--- sample ") == 2 and "--- sample 1: τ " in out
     res = eval_main(base + ["--prompts", str(PROMPTS / "math.jsonl"), "--temperature", "1"])
     assert res["drafts"].count("--- sample ") == 2 and "drafts at temperature 1" in capsys.readouterr().out
+# ---------------------------------------------------------------- benchmark files as people have them
+from dflash_nb.evaluate import read_prompt_specs, MultiTurn, answer_turns, detect_prompt_format
+import pyarrow as pa, pyarrow.parquet as pq
+
+# one record in each benchmark's published shape (the fields its public copies carry), reference answers included
+BENCH = {
+    "gsm8k": ({"question": "Natalia sold clips to 48 friends in April. How many in May?",
+               "answer": "48/2 = 24\n#### 72"},
+              "Natalia sold clips to 48 friends in April. How many in May?"),
+    "math500": ({"problem": "Convert $(0,3)$ to polar coordinates.", "solution": "We have $r = 3$.",
+                 "answer": "(3, \\frac{\\pi}{2})",
+                 "subject": "Precalculus", "level": 2, "unique_id": "test/precalculus/807.json"},
+                "Convert $(0,3)$ to polar coordinates."),
+    "humaneval": ({"task_id": "HumanEval/0",
+                   "prompt": "def has_close(numbers):\n    \"\"\"Any two closer than 1?\"\"\"\n",
+                   "canonical_solution": "    return False\n", "test": "def check(c): pass",
+                   "entry_point": "has_close"},
+                  "Complete the following Python function.\n\n```python\n"
+                  "def has_close(numbers):\n    \"\"\"Any two closer than 1?\"\"\"\n```"),
+    "mbpp": ({"task_id": 11, "text": "Write a function to remove a character.", "code": "def remove(s, c): return s",
+              "test_list": ["assert remove('ab', 'a') == 'b'", "assert remove('a', 'a') == ''"], "test_setup_code": ""},
+             "Write a function to remove a character.\nYour code should pass these tests:\n\n"
+             "assert remove('ab', 'a') == 'b'\nassert remove('a', 'a') == ''"),
+    "mbpp_sanitized": ({"task_id": 2, "prompt": "Write a function to find shared elements.",
+                        "code": "def f(a, b): return a",
+                        "test_imports": [], "test_list": ["assert f(1, 2) == 1"]},
+                       "Write a function to find shared elements.\nYour code should pass these tests:\n\n"
+                       "assert f(1, 2) == 1"),
+    "alpaca": ({"instruction": "Rewrite the sentence in passive voice.", "input": "The cat ate the fish.",
+                "output": "The fish..."},
+               "Rewrite the sentence in passive voice.\n\nThe cat ate the fish."),
+    "alpaca_no_input": ({"instruction": "Give three tips for staying healthy.", "input": "", "output": "1. Eat well."},
+                        "Give three tips for staying healthy."),
+}
+
+
+def _write(path: Path, recs: list, kind: str) -> Path:
+    "Records as JSONL, Parquet (as the hub serves the benchmarks) or one JSON array."
+    if kind == "parquet": pq.write_table(pa.Table.from_pylist(recs), path)
+    elif kind == "json": path.write_text(json.dumps(recs, indent=1))
+    else: path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+    "The real Qwen3 tokenizer, loaded once for the 21 format cases."
+    return load_tokenizer(qwen3_tokenizer_dir())
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "json"])
+@pytest.mark.parametrize("name", list(BENCH))
+def test_benchmark_formats(tmp_path, name, kind, qwen_tok):
+    "Each benchmark's own fields are told apart and become the user turn the benchmark asks, never its answer."
+    rec, asked = BENCH[name]
+    f = _write(tmp_path / f"{name}.{kind}", [rec, rec], kind)
+    pf = read_prompt_file(f)
+    assert pf.format == name.split("_")[0] and pf.detected and len(pf) == 2 and pf.followups == [[], []]
+    assert pf[0] == [{"role": "user", "content": asked}]
+    for answer_field in ("answer", "solution", "canonical_solution", "code", "output"):
+        if isinstance(rec.get(answer_field), str): assert rec[answer_field] not in json.dumps(pf.conversations)
+    ids = render_prompts(pf, qwen_tok)[0]
+    ref = qwen_tok.apply_chat_template(pf[0], add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ids.tolist() == list(ref)
+
+
+def test_mtbench_format_and_named_formats(tmp_path):
+    "MT-Bench's turns (and H4's list-valued prompt) stay separate turns; FORMAT=FILE names a format and the table row."
+    mt = [{"question_id": 81, "category": "writing",
+           "turns": ["Write a travel blog post.", "Rewrite it starting with A."],
+           "reference": ["ref 1", "ref 2"]},
+          {"question_id": 101, "category": "reasoning", "turns": ["Who is second?"]}]
+    pf = read_prompt_file(_write(tmp_path / "question.jsonl", mt, "jsonl"))
+    assert pf.format == "mtbench" and pf.turns == 3 and "ref 1" not in json.dumps(pf.conversations)
+    assert pf[0] == [{"role": "user", "content": "Write a travel blog post."}]
+    assert pf.followups == [["Rewrite it starting with A."], []]
+    h4_rows = [{"prompt": ["One?", "Two?"], "prompt_id": 1, "category": "x"}]   # H4's copy: turns in `prompt`
+    h4 = read_prompt_file(_write(tmp_path / "h4.parquet", h4_rows, "parquet"))
+    assert h4.format == "prompt" and h4.followups == [["Two?"]]
+    # a GSM8K parquet with a file name that says nothing, named; a JSONL told from its fields; the same file twice
+    pq_file = _write(tmp_path / "test-00000-of-00001.parquet", [BENCH["gsm8k"][0]] * 3, "parquet")
+    sets = read_prompt_specs([f"gsm8k={pq_file}", str(tmp_path / "question.jsonl")], max_records=2)
+    assert {n: (pf.format, pf.detected, len(pf)) for n, pf in sets.items()} == {
+        "gsm8k": ("gsm8k", False, 2), "question.jsonl": ("mtbench", True, 2)}
+    assert list(read_prompt_specs([f"gsm8k={pq_file}", f"gsm8k={pq_file}"])) == [f"gsm8k={pq_file}"]   # same file
+    assert detect_prompt_format({"prompt": "x", "entry_point": "f"}) == "humaneval"
+
+
+@pytest.mark.parametrize("text,fmt,msg", [
+    ('{"messages": [{"role": "narrator", "content": "Once."}, {"role": "user", "content": "Go on."}]}\n', None,
+     "x.jsonl:1: messages[0].role 'narrator' is not one"),
+    ('{"prompt": "ok"}\n{"prompt": "hi", "x": ' + "[" * 40 + "]" * 40 + "}\n", None,
+     "x.jsonl:2: nested deeper than 32 levels"),
+    ('{"prompt": "ok"}\n{"prompt": ' + "[" * 5000 + "]" * 5000 + "}\n", None, "x.jsonl:2: "),
+    ('{"question": "fine"}\n{"question": 3}\n', None, "x.jsonl:2: 'question' must be a string, got int"),
+    ('{"question": "fine"}\n{"question": "  "}\n', None, "x.jsonl:2: 'question' is empty"),
+    ('{"turns": []}\n', None, "x.jsonl:1: 'turns' must be a non-empty list of strings"),
+    ('{"turns": ["a", 7]}\n', None, "x.jsonl:1: 'turns[1]' must be a string"),
+    ('{"instruction": "a", "input": ["b"]}\n', None, "x.jsonl:1: 'input' must be a string"),
+    ('{"question": "a"}\n', "mtbench", "x.jsonl:1: 'turns' must be a non-empty list"),
+    ('{"question": "a"}\n', "gsm9k", "unknown format 'gsm9k'"),
+    ('{"prompt": "a"}\n{"prompt": "b"\n', None, "x.jsonl:2: not JSON"),
+    ('{"prompt": "a"}\n\xff\n', None, "x.jsonl:2: not JSON (invalid UTF-8"),
+    ('[{"prompt": "a"}, 3]', None, "x.jsonl: record 2: record must be a JSON object"),
+    ('{"id": 1, "label": "x"}\n', None,
+     "x.jsonl:1: no prompt or messages field, and no benchmark's fields (id, label)"),
+])
+def test_prompt_file_validation(tmp_path, text, fmt, msg):
+    (tmp_path / "x.jsonl").write_bytes(text.encode("utf-8") if "\xff" not in text else text.encode("latin-1"))
+    with pytest.raises(PromptFileError) as e: read_prompt_file(tmp_path / "x.jsonl", prompt_format=fmt)
+    assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_prompt_files_stream_and_cap_records(tmp_path):
+    "A record over the cap fails before it is read whole: a 64 MB line costs no more memory than the cap; Parquet too."
+    import tracemalloc
+    big = tmp_path / "big.jsonl"
+    with open(big, "wb") as f:
+        f.write(b'{"prompt": "fine"}\n{"prompt": "')
+        f.write(b"x" * (64 << 20))
+    tracemalloc.start()
+    with pytest.raises(PromptFileError, match=r"big.jsonl:2: record larger than 4096 bytes \(--max-record-bytes\)"):
+        read_prompt_file(big, max_record_bytes=4096)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, peak
+    # --max-prompts: only the first records are read, the malformed tail is never reached
+    with open(big, "ab") as f: f.write(b'"}\nnot json\n')
+    assert len(read_prompt_file(big, max_records=1)) == 1
+    rows = [{"question": "short"}, {"question": "y" * 5000}]
+    with pytest.raises(PromptFileError, match="x.parquet: row 2: record larger than 4096 bytes"):
+        read_prompt_file(_write(tmp_path / "x.parquet", rows, "parquet"), max_record_bytes=4096)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\0" * 64)
+    with pytest.raises(PromptFileError, match="broken.parquet: not a readable Parquet file"):
+        read_prompt_file(tmp_path / "broken.parquet")
+
+
+def test_mtbench_answers_turn_by_turn(world, tmp_path):
+    "Turn 2 is asked after the target's own answer to turn 1 (decoded into the conversation); τ counts both turns."
+    tok = load_tokenizer(qwen3_tokenizer_dir())
+    mt = [{"question_id": 1, "turns": ["What is 3 plus 4?", "And times 2?"]},
+          {"question_id": 2, "turns": ["Name a sea."]}]
+    items = render_prompts(read_prompt_file(_write(tmp_path / "mt.jsonl", mt, "jsonl")), tok)
+    assert isinstance(items[0], MultiTurn) and isinstance(items[1], torch.Tensor)
+    drafter, target, eot = world["trained"], world["target"], tok.convert_tokens_to_ids("<|im_end|>")
+    res = prompt_set_tau(drafter, target, items, (0.0, 1.0), N_NEW, B, stop_token_ids=[eot])
+    assert res[0.0]["turns"] == 3 and res[0.0]["prompts"] == 2
+    # the same by hand: turn 1, its answer decoded into the conversation, turn 2; then the single-turn prompt
+    first = speculative_generate(drafter, target, items[0].first_prompt(), N_NEW, B, stop_token_ids=[eot])
+    answer = tok.decode(first["tokens"], skip_special_tokens=True)
+    conv = [{"role": "user", "content": "What is 3 plus 4?"}, {"role": "assistant", "content": answer},
+            {"role": "user", "content": "And times 2?"}]
+    second_prompt = render_prompts([conv], tok)[0]
+    assert tok.decode(second_prompt).count("<|im_start|>assistant") == 2   # the target's answer is in the context
+    second = speculative_generate(drafter, target, second_prompt, N_NEW, B, stop_token_ids=[eot])
+    last = speculative_generate(drafter, target, items[1], N_NEW, B, stop_token_ids=[eot])
+    lengths = first["accept_lengths"] + second["accept_lengths"] + last["accept_lengths"]
+    assert res[0.0]["cycles"] == len(lengths) and res[0.0]["tau"] == sum(lengths) / len(lengths)
+    again = prompt_set_tau(drafter, target, items, (1.0,), N_NEW, B, stop_token_ids=[eot])
+    assert again[1.0]["tau"] == res[1.0]["tau"] and again[1.0]["turns"] == 3   # one seeded generator per prompt
+
+
+def test_cli_benchmark_files(tmp_path, capsys):
+    "`--prompts gsm8k=FILE.parquet mt.jsonl`: each file's format is said, one row each; a bad record: one line, exit 2."
+    from dflash_nb.evaluate import main
+    from dflash_nb.export import export_drafter
+    t = tiny_target()
+    cfg = DrafterConfig.from_target(t.config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3],
+                                    mask_token_id=151669)
+    export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg, tmp_path / "drafter")
+    gsm = _write(tmp_path / "test-00000-of-00001.parquet", [BENCH["gsm8k"][0]] * 3, "parquet")
+    mt = _write(tmp_path / "mt.jsonl", [{"question_id": 1, "turns": ["Hi.", "Again."]}], "jsonl")
+    base = ["--drafter", str(tmp_path / "drafter"), "--target", "tiny", "--max-new-tokens", "5"]
+    res = main(base + ["--prompts", f"gsm8k={gsm}", str(mt), "--max-prompts", "2", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert f"format of gsm8k: gsm8k (named), 2 prompts from {gsm}" in out
+    assert f"format of mt.jsonl: mtbench (told from its fields), 1 prompts (2 user turns) from {mt}" in out
+    rows = {l.split()[0]: l.split()[1:] for l in out.splitlines() if l.startswith(("gsm8k ", "mt.jsonl "))}
+    assert rows["gsm8k"][0] == "2" and rows["mt.jsonl"][0] == "1"
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["prompt_files"]["mt.jsonl"] == dict(path=str(mt), format="mtbench", detected=True, prompts=1, turns=2)
+    assert saved["prompt_sets"]["mt.jsonl"]["0"]["turns"] == 2 and res["prompt_sets"]["gsm8k"]["0"]["prompts"] == 2
+    narrated = {"messages": [{"role": "narrator", "content": "x"}, {"role": "user", "content": "y"}]}
+    bad = _write(tmp_path / "bad.jsonl", [narrated], "jsonl")
+    with pytest.raises(SystemExit) as e: main(base + ["--prompts", str(bad)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith(f"error: {bad}:1: messages[0].role 'narrator'") and "\n" not in err
