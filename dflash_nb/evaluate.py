@@ -290,7 +290,9 @@ def acceptance_length(
     proposer = _as_proposer(drafter, B, backend, chunk)
     feats = _as_features(target, getattr(cfg, "target_layer_ids", None))
     stats, n_done, per_sample = AcceptanceStats(B), 0, []
-    for s in samples:
+    from dflash_nb.progress import progress
+    total = min(len(samples), num_samples or len(samples)) if hasattr(samples, "__len__") else num_samples
+    for s in progress(samples, total=total, desc="acceptance length", unit="samples"):
         if num_samples is not None and n_done >= num_samples: break
         ids = torch.as_tensor(s["input_ids"]).long()
         start, end = generated_span(s["loss_mask"])
@@ -630,7 +632,8 @@ def prompt_set_tau(
     for T in temperatures:
         B = int(block_size or getattr(getattr(drafter, "config", None), "block_size", 0) or drafter.block_size)
         stats, secs = AcceptanceStats(B), 0.0
-        for i, p in enumerate(prompts):
+        from dflash_nb.progress import progress
+        for i, p in enumerate(progress(prompts, desc=f"speculative decoding at T={float(T):g}", unit="prompts")):
             r = speculative_generate(drafter, model, p, max_new_tokens, block_size=B, layer_ids=layer_ids,
                                      stop_token_ids=stop_token_ids, backend=backend, temperature=float(T), top_p=top_p,
                                      top_k=top_k, seed=seed + i)

@@ -1008,11 +1008,13 @@ class _Log:
         self.progress = Progress(self.total, "train", "steps", initial=start, warmup=min(warmup, max(self.total - start - 1, 0)),
                                  enabled=self.on)
 
-    def advance(self, rec: Optional[dict] = None):
-        "One optimizer step done; `rec`, a new interval record, updates the fields shown (nothing before the first)."
-        if self.progress is None: return
-        if rec: self.progress.update(1, **_bar_fields(rec))
-        else: self.progress.update(1)
+    def advance(self):
+        "One optimizer step done."
+        if self.progress is not None: self.progress.update(1)
+
+    def show(self, rec: dict):
+        "The last interval's measurements next to the progress (nothing is shown before the first interval)."
+        if self.progress is not None: self.progress.set(**_bar_fields(rec))
 
     def eta(self) -> Optional[float]:
         "Seconds left at the step rate measured after the warm-up; None before it."
@@ -1375,16 +1377,16 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
         for step in range(start, cfg.steps):
             if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
             train_step(run, producer, metrics, drafter_clock, step, nan_loss=step in nan_steps)
-            done, fresh = step + 1, None
+            done = step + 1
+            run.log.advance()
             if done % cfg.log_every == 0 or done == cfg.steps:
                 # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
                 last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start); history.append(last)
-                fresh = last
+                run.log.show(last)
                 if cost is None: cost = _report_cost(run, last, done)   # what the whole run will cost, once measured
                 if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last)
                 # sync: one rank's SIGTERM stops every rank after this same step (the flag is all-reduced here, where we sync anyway)
                 if run.distributed: preempt.agree(run.ddev)
-            run.log.advance(fresh)
             # sync: a checkpoint reads the non-finite counter (no checkpoint after too many bad steps) and gathers the RNGs
             if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps: ckpt.checkpoint(done)
             if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
@@ -1401,9 +1403,20 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
 def _announce(run: Run, start: int):
     cfg = run.cfg
     if run.rank == 0:
+        _record_backend(run)
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
+
+def _record_backend(run: Run):
+    "Every run dir has attention_backend.json: the probe's record when it ran for this run, else the choice and why."
+    p = run.run_dir / "attention_backend.json"
+    with contextlib.suppress(OSError, ValueError):
+        old = json.loads(p.read_text())
+        if (old.get("backend"), old.get("reason")) == (run.backend, run.backend_why): return   # the probe's own record
+    rec = {"backend": run.backend, "reason": run.backend_why, "device": str(run.ddev), "probed": False,
+           "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_atomic(p, json.dumps(rec, indent=2))
 
 def _too_many_nonfinite(run: Run, rec: dict):
     "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
