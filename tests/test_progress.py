@@ -83,6 +83,7 @@ def demo_twice(tmp_path_factory):
     return first, a, b, stamp
 
 
+@pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_demo_runs_twice(demo_twice):
     "The second demo writes to the next free dir, says so in one line, reuses the completions and leaves the first alone."
     first, (rc1, out1, err1), (rc2, out2, err2), stamp = demo_twice
@@ -102,6 +103,7 @@ def test_demo_runs_twice(demo_twice):
         assert what in err1, (what, err1[-3000:])
 
 
+@pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_run_over_earlier_checkpoints_fails_before_any_work(demo_twice):
     "A configured run (not the demo) over a run dir with checkpoints stops at once, before regenerating anything."
     first, _, _, _ = demo_twice
@@ -113,6 +115,7 @@ def test_run_over_earlier_checkpoints_fails_before_any_work(demo_twice):
     assert (first / "generated" / "train.jsonl").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_console_and_report_count_the_same_samples(demo_twice):
     "The τ line names the number of held-out samples actually measured, the number report.json keeps."
     first, (_, out, _), _, _ = demo_twice
@@ -121,6 +124,7 @@ def test_console_and_report_count_the_same_samples(demo_twice):
     assert int(n) == report["tau_before"]["samples"] == report["tau_after"]["samples"], (n, report["tau_before"])
 
 
+@pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_every_run_dir_records_its_attention_backend(demo_twice):
     first, _, _, _ = demo_twice
     for d in (first, first.with_name("demo-2")):
@@ -128,6 +132,7 @@ def test_every_run_dir_records_its_attention_backend(demo_twice):
         assert rec["backend"] == "sdpa" and rec["device"] == "cpu", rec
 
 
+@pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_exported_files_are_readable_by_others(demo_twice):
     first, _, _, _ = demo_twice
     files = sorted((first / "drafter").iterdir())
