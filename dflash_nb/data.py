@@ -43,7 +43,8 @@ def load_tokenizer(path):
     if name.startswith("hub:"): name = name[4:]
     elif not Path(name).is_dir():
         # only a name shaped like a hub id (`org/name`: no leading / . ~, no local `org` dir) gets the hub hint
-        hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) and not ("/" in name and Path(name.split("/")[0]).exists())
+        hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) and not (
+            "/" in name and Path(name.split("/")[0]).exists())
         hint = f" (to download it from the Hugging Face hub, write hub:{name})" if hub_like else ""
         raise ConfigError(f"tokenizer {name}: no such directory{hint}")
     try: tok = AutoTokenizer.from_pretrained(name)

@@ -109,7 +109,8 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # similar lengths per batch: little padding
     gens = [None] * len(enc)
     from dflash_nb.progress import progress
-    for b in progress(range(0, len(order), batch_size), desc=f"regenerate {Path(out_path).name} (generating)", unit="batches"):
+    batches = range(0, len(order), batch_size)
+    for b in progress(batches, desc=f"regenerate {Path(out_path).name} (generating)", unit="batches"):
         idx = order[b:b + batch_size]
         T = max(len(enc[i]) for i in idx)
         ids = torch.tensor([[pad] * (T - len(enc[i])) + enc[i] for i in idx], device=dev)
@@ -120,8 +121,8 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     stats = dict(prompts=len(prompts), generated=0, kept=0, cut_by_verify=0, cut_by_round_trip=0)
     out_path = Path(out_path); out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w", encoding="utf-8") as f:
-        for p, e, g in progress(zip(prompts, enc, gens), total=len(prompts), desc=f"regenerate {out_path.name} (checking)",
-                                unit="completions"):
+        for p, e, g in progress(zip(prompts, enc, gens), total=len(prompts),
+                                desc=f"regenerate {out_path.name} (checking)", unit="completions"):
             if eot[-1] in g: g = g[:g.index(eot[-1])]     # the end of turn is added back by the template
             stats["generated"] += len(g)
             n = _greedy_prefix(target, e, g)
@@ -161,22 +162,25 @@ def _tokenized(key: str, data_dir):
                           f"`python -m dflash_nb.data`, or list raw JSONL in `inputs` to tokenize it in this run")
 
 def check_run(cfg: RunConfig):
-    "Every precondition a user can fix, in the order they can act on it, before any expensive step; returns the tokenizer."
+    "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
     from dflash_nb.data import load_tokenizer, list_inputs
     tc, rg = cfg.train, cfg.regenerate
     if tc.target.path is not None and not Path(tc.target.path).is_dir():
-        raise ConfigError(f"train.target.path {tc.target.path}: no such directory (the target's checkpoint: config.json + weights)")
+        raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
+                          f"(the target's checkpoint: config.json + weights)")
     tokenizer = load_tokenizer(tokenizer_dir(tc.target))
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
     if cfg.inputs: list_inputs(cfg.inputs, cfg.data)          # every input is there (a glob matches, a prefix lists)
     elif not rg.prompts:
-        if not tc.data_dir: raise ConfigError("train.data_dir is not set: point it at the output of `python -m dflash_nb.data`")
+        if not tc.data_dir:
+            raise ConfigError("train.data_dir is not set: point it at the output of `python -m dflash_nb.data`")
         _tokenized("train.data_dir", tc.data_dir)
     if cfg.evaluate.num_samples: _tokenized("evaluate.data_dir", cfg.evaluate.data_dir)
     if not tc.resume and (held := held_checkpoints(tc.run_dir)):
-        raise ConfigError(f"{Path(tc.run_dir) / 'checkpoints'} already holds checkpoints ({held}): continue that run with "
-                          f"train.resume=auto, or pick another train.run_dir (nothing was changed)")
+        ckpts = Path(tc.run_dir) / "checkpoints"
+        raise ConfigError(f"{ckpts} already holds checkpoints ({held}): continue that run with train.resume=auto, "
+                          f"or pick another train.run_dir (nothing was changed)")
     return tokenizer
 
 # %% ../nbs/11_train.ipynb #e0395539
@@ -188,7 +192,7 @@ def next_demo_dir(run_dir) -> Path:
     return run_dir.with_name(f"{run_dir.name}-{n}")
 
 def generation_key(cfg: RunConfig, prompts_path) -> str:
-    "What regenerated data depends on: the prompts file, the regeneration settings but the batch size, the data settings, the target."
+    "What regenerated data depends on: prompts, regeneration settings (not the batch size), data settings, target."
     import hashlib
     regen = {k: v for k, v in dataclasses.asdict(cfg.regenerate).items() if k != "batch_size"}
     parts = {"prompts": hashlib.sha256(Path(prompts_path).read_bytes()).hexdigest(), "regenerate": regen,
@@ -198,10 +202,11 @@ def generation_key(cfg: RunConfig, prompts_path) -> str:
 def save_generated(key: str, gen_dir, files: list, stats: dict):
     "Record what the completions in `gen_dir` were made from (`generation.json`), so that a rerun can reuse them."
     from dflash_nb.storage import atomic_write_text
-    atomic_write_text(Path(gen_dir) / "generation.json", json.dumps({"key": key, "files": files, "stats": stats}, indent=1))
+    record = {"key": key, "files": files, "stats": stats}
+    atomic_write_text(Path(gen_dir) / "generation.json", json.dumps(record, indent=1))
 
 def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
-    "The stats of completions made earlier with `key` in one of `run_dirs`, copied into `gen_dir` when elsewhere; None if none."
+    "Stats of completions made with `key` in one of `run_dirs` (copied into `gen_dir` if elsewhere); None if none."
     gen_dir = Path(gen_dir)
     for run_dir in run_dirs:
         src = Path(run_dir) / "generated"
@@ -216,8 +221,9 @@ def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
     return None
 
 # %% ../nbs/11_train.ipynb #fef68fb7
-def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print, reuse_from=()) -> tuple[Optional[str], Optional[str]]:
-    "Regenerate (or reuse completions made with the same settings in this or a `reuse_from` run dir) and/or tokenize; returns (train data dir, held-out data dir)."
+def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
+                 reuse_from=()) -> tuple[Optional[str], Optional[str]]:   # earlier run dirs with completions to reuse
+    "Regenerate (or reuse matching completions) and/or tokenize; returns (train data dir, held-out data dir)."
     from dflash_nb.data import tokenize_dataset
     run_dir, tc = Path(cfg.train.run_dir), cfg.train
     train_dir, held_dir = tc.data_dir, cfg.evaluate.data_dir
@@ -234,12 +240,17 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print, reuse_f
         key = generation_key(cfg, path)
         if reuse_generated(key, gen, [run_dir, *reuse_from], log) is None:
             rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
-            if held: rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
-            st = {k: rt[k] + (rh[k] if held else 0) for k in ("generated", "kept", "cut_by_verify", "cut_by_round_trip")}
+            if held:
+                rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size,
+                                cfg.data)
+            counted = ("generated", "kept", "cut_by_verify", "cut_by_round_trip")
+            st = {k: rt[k] + (rh[k] if held else 0) for k in counted}
             save_generated(key, gen, ["train.jsonl"] + (["heldout.jsonl"] if held else []), st)
-            log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in {time.perf_counter() - t0:.1f}s -> {gen}\n"
-            f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; {st['cut_by_round_trip']} completions cut "
-            f"where the text re-tokenizes differently, {st['cut_by_verify']} where batch-1 greedy differs)")
+            log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in "
+                f"{time.perf_counter() - t0:.1f}s -> {gen}\n"
+                f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; "
+                f"{st['cut_by_round_trip']} completions cut where the text re-tokenizes differently, "
+                f"{st['cut_by_verify']} where batch-1 greedy differs)")
         inputs.append(str(gen / "train.jsonl"))
         if held:
             held_dir = str(run_dir / "data" / "heldout")
@@ -250,7 +261,7 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print, reuse_f
     return train_dir, held_dir
 
 def run(cfg: RunConfig, reuse_from=()) -> dict:
-    "The whole project for one config: checks → regenerate → tokenize + audit → τ before → train → τ after → export."
+    "The whole project: checks → regenerate → tokenize + audit → τ before → train → τ after → export."
     from dflash_nb.target import TargetFeatures
     from dflash_nb.progress import stage
     t_all = time.perf_counter()
@@ -280,7 +291,8 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
         dcfg = drafter_config(target, tc.drafter, tokenizer)
         feats = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=tc.target.max_batch_tokens)
         report["tau_before"] = measure_tau(build_drafter(dcfg, feats, ddev, tc.seed), feats, held_dir, cfg.evaluate.num_samples, dcfg.block_size)
-        log(f"tau before training: {report['tau_before']['tau']:.3f} on {report['tau_before']['samples']} held-out samples")
+        before = report["tau_before"]
+        log(f"tau before training: {before['tau']:.3f} on {before['samples']} held-out samples")
     # 4. train -----------------------------------------------------------------------------------------------------
     summary = train(tc, target=target)   # rank 0 reuses the target it already loaded (one copy per device)
     drafter, dcfg, trained_target = summary.pop("drafter"), summary.pop("drafter_config"), summary.pop("target")
@@ -293,7 +305,8 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
         log(f"tau after training:  {report['tau_after']['tau']:.3f} (before {report['tau_before']['tau']:.3f})")
     if cfg.export and rank == 0:
         with stage("export"):
-            report["export"] = str(export(drafter, dcfg, run_dir / "drafter", step=summary["steps"], checkpoint=summary["checkpoint"]))
+            report["export"] = str(export(drafter, dcfg, run_dir / "drafter", step=summary["steps"],
+                                          checkpoint=summary["checkpoint"]))
     report["wall_s"] = time.perf_counter() - t_all
     if rank == 0:
         (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
@@ -332,7 +345,8 @@ def _main(argv: list) -> int:
             if new != first:
                 print(f"{first} holds an earlier demo run, left as it is: this run writes to {new} "
                       f"(reusing the earlier completions when they match; `rm -r {first}*` starts over)", flush=True)
-                reuse = [first] + [first.with_name(f"{first.name}-{n}") for n in range(2, int(new.name.rsplit("-", 1)[1]))]
+                last = int(new.name.rsplit("-", 1)[1])
+                reuse = [first] + [first.with_name(f"{first.name}-{n}") for n in range(2, last)]
                 cfg.train.run_dir = str(new)
         report = run(cfg, reuse_from=reuse)
     except NonFiniteError as e:

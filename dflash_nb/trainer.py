@@ -1004,9 +1004,9 @@ class _Log:
     def start(self, start: int, warmup: int = 3):
         "The step progress (dflash_nb.progress): a bar on a terminal, lines with elapsed, rate and ETA in a log file."
         from dflash_nb.progress import Progress
-        # the first `warmup` steps compile kernels and fill caches: they are left out of the rate, so the ETA is sane at once
-        self.progress = Progress(self.total, "train", "steps", initial=start, warmup=min(warmup, max(self.total - start - 1, 0)),
-                                 enabled=self.on)
+        # the first `warmup` steps compile kernels and fill caches: left out of the rate, the ETA is sane at once
+        warmup = min(warmup, max(self.total - start - 1, 0))
+        self.progress = Progress(self.total, "train", "steps", initial=start, warmup=warmup, enabled=self.on)
 
     def advance(self):
         "One optimizer step done."
@@ -1304,7 +1304,7 @@ def projected_cost(rec: dict,              # the first measured interval's recor
                    rows_per_epoch: int,    # packed rows in one pass over the data set
                    global_batch: int,      # rows per optimizer step
                    anchors_per_row: int):  # train.max_anchors
-    "The run's projected time, the time per epoch, the side that bounds a step and the anchors that would balance a split pair."
+    "Projected run time, time per epoch, the side that bounds a step and the anchors that would balance a split pair."
     tb, db = rec["target_busy"], rec["drafter_busy"]
     steps_per_epoch = rows_per_epoch / global_batch
     return {"step_s": step_s, "steps": steps, "total_s": step_s * steps, "remaining_s": step_s * (steps - done),
@@ -1312,7 +1312,7 @@ def projected_cost(rec: dict,              # the first measured interval's recor
             "target_busy": tb, "drafter_busy": db, "bound": "target" if tb >= db else "drafter",
             "anchors_per_row": anchors_per_row,
             "balanced_anchors_per_row": max(1, round(anchors_per_row * tb / db)) if db > 0 else None,
-            "assumption": "the drafter's time is proportional to the anchors per row; the target's does not depend on them"}
+            "assumption": "drafter time proportional to the anchors per row; target time independent of them"}
 
 def format_cost(c: dict) -> str:
     "Two lines: the projected time, and the side that bounds a step with the anchors that would balance a split pair."
@@ -1323,13 +1323,13 @@ def format_cost(c: dict) -> str:
     return (f"projected: {c['steps']} steps ≈ {fmt_duration(c['total_s'])} at {c['step_s']:.3g} s/step "
             f"({fmt_duration(c['remaining_s'])} left); one epoch of the data ({c['steps_per_epoch']:.1f} steps) "
             f"≈ {fmt_duration(c['epoch_s'])}, {c['epochs']:.2f} epochs in all\n"
-            f"bound by the {c['bound']}: target busy {c['target_busy']:.0%}, drafter busy {c['drafter_busy']:.0%} of the wall "
-            f"time; {balance}")
+            f"bound by the {c['bound']}: target busy {c['target_busy']:.0%}, drafter busy {c['drafter_busy']:.0%} "
+            f"of the wall time; {balance}")
 
 def _report_cost(run: Run, rec: dict, done: int) -> dict:
     "The projection after the first measured interval (printed by rank 0), for summary.json."
     cfg = run.cfg
-    step_s = run.log.step_s() or rec["wall_s"] / max(rec["steps"], 1)   # the interval itself when the warm-up is not over
+    step_s = run.log.step_s() or rec["wall_s"] / max(rec["steps"], 1)   # the interval itself while still warming up
     c = projected_cost(rec, step_s, cfg.steps, done, len(run.stream.epoch_rows(0)), cfg.global_batch, cfg.max_anchors)
     run.log.print(run.log_prefix + format_cost(c).replace("\n", "\n" + run.log_prefix))
     return c
@@ -1396,8 +1396,8 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
             step = cfg.steps
     finally:
         producer.close(); preempt.restore(); ckpt.close(); run.log.close()
-    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, time.perf_counter() - t_start,
-                    cost=cost)
+    total_s = time.perf_counter() - t_start
+    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, total_s, cost=cost)
 
 # %% ../nbs/08_trainer.ipynb #4766c505
 def _announce(run: Run, start: int):
@@ -1424,8 +1424,8 @@ def _too_many_nonfinite(run: Run, rec: dict):
     raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
                          f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
 
-def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped, total: float,
-             cost: Optional[dict] = None) -> dict:
+def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped,
+             total: float, cost: Optional[dict] = None) -> dict:   # cost: the projection after the first interval
     "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,

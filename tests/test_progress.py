@@ -1,6 +1,7 @@
 """What a user sees: progress lines with elapsed time, rate and ETA when the output is not a terminal (and never `nan`),
 the trainer's projected cost, reruns of the demo that just work, and outputs that tell the truth (sample counts, the
-attention backend record, readable exports, error messages that fit the input and come in the order a user can act on)."""
+attention backend record, readable exports, error messages that fit the input and come in the order a user can act
+on)."""
 import contextlib, io, json, re, stat, subprocess, sys
 from pathlib import Path
 import pytest
@@ -8,7 +9,7 @@ from _trainer_common import make_data, train_cfg, env, REPO
 
 
 def test_lines_with_eta_when_piped():
-    "A real process whose stderr is a pipe prints a start line, periodic lines with elapsed, rate and ETA, and an end line."
+    "A process whose stderr is a pipe prints a start line, periodic lines with elapsed, rate and ETA, and an end line."
     code = ("import time\nfrom dflash_nb.progress import progress\n"
             "for _ in progress(range(8), desc='work', unit='items', warmup=1): time.sleep(0.15)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(DFLASH_PROGRESS_EVERY="0.3"),
@@ -18,7 +19,8 @@ def test_lines_with_eta_when_piped():
     assert lines[0] == "work: started (8 items) | elapsed 0:00 | — | ETA —", lines
     periodic = [l for l in lines[1:-1] if l.startswith("work: ")]
     assert len(periodic) >= 2, lines                                    # about one every 0.3 s over ~1.2 s
-    assert any(re.search(r"\d/8 items \(\d+%\) \| elapsed 0:0\d \| [\d.]+ items/s \| ETA 0:0\d", l) for l in periodic), lines
+    measured = r"\d/8 items \(\d+%\) \| elapsed 0:0\d \| [\d.]+ items/s \| ETA 0:0\d"
+    assert any(re.search(measured, l) for l in periodic), lines
     assert lines[-1].startswith("work: done 8/8 items (100%) | elapsed"), lines
     assert "nan" not in p.stderr.lower()
 
@@ -29,8 +31,8 @@ def data_dir(tmp_path_factory):
 
 
 def test_training_progress_eta_and_cost_when_piped(tmp_path, data_dir, monkeypatch, capsys):
-    "Piped, training prints step lines with elapsed and ETA ('—' before a rate is measured, never nan), progress lines, and "
-    "after the first interval the projected cost, which summary.json keeps."
+    """Piped, training prints step lines with elapsed and ETA ('—' before a rate is measured, never nan), progress
+    lines, and after the first interval the projected cost, which summary.json keeps."""
     from dflash_nb.trainer import train
     monkeypatch.setenv("DFLASH_PROGRESS_EVERY", "0")
     monkeypatch.setenv("DFLASH_PROGRESS", "auto")                      # capsys's stderr is no terminal: lines
@@ -85,7 +87,7 @@ def demo_twice(tmp_path_factory):
 
 @pytest.mark.slow   # shares the demo_twice fixture: two tiny demo runs, ~70 s on a loaded 2-core machine
 def test_demo_runs_twice(demo_twice):
-    "The second demo writes to the next free dir, says so in one line, reuses the completions and leaves the first alone."
+    "A second demo writes to the next free dir, says so in one line, reuses the completions, leaves the first alone."
     first, (rc1, out1, err1), (rc2, out2, err2), stamp = demo_twice
     assert rc1 == 0, out1[-3000:] + err1[-3000:]
     assert rc2 == 0, out2[-3000:] + err2[-3000:]
@@ -93,10 +95,11 @@ def test_demo_runs_twice(demo_twice):
     said = [l for l in out2.splitlines() if "holds an earlier demo run" in l]
     assert len(said) == 1 and f"this run writes to {second}" in said[0], out2[:2000]
     assert f"reused the completions regenerated earlier in {first / 'generated'}" in out2
-    assert "regenerate train.jsonl (generating): started" in err1 and "regenerate train.jsonl" not in err2   # no second generation
+    assert "regenerate train.jsonl (generating): started" in err1
+    assert "regenerate train.jsonl" not in err2                          # no second generation
     assert (second / "generated" / "train.jsonl").read_text() == (first / "generated" / "train.jsonl").read_text()
     assert json.loads((second / "report.json").read_text())["run_dir"] == str(second)
-    assert {p: p.stat().st_mtime_ns for p in first.rglob("*") if p.is_file()} == stamp   # nothing of the first run changed
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*") if p.is_file()} == stamp   # the first run is untouched
     # every long step showed its progress
     for what in ("loading the target (tiny): started", "tokenize 1 file(s): started", "train: started (2 steps)",
                  "acceptance length: started", "export: done"):
