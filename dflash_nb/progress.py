@@ -166,7 +166,7 @@ class Progress:
             elif self.mode == "lines": self._line(what)
 
     def __enter__(self): return self
-    def __exit__(self, typ, *_): self.close("done" if typ is None else "stopped")
+    def __exit__(self, typ, *_): self.close("done" if typ in (None, GeneratorExit) else "stopped")   # left early: done
 
 # %% ../nbs/00c_progress.ipynb #40e7838b
 def progress(iterable: Iterable,
