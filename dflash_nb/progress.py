@@ -79,7 +79,7 @@ class Progress:
             self.thread.start()
 
     def _open_bar(self):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm          # the text bar: it writes to `file` (tqdm.auto would pick a widget in Jupyter)
         counted = "{n_fmt}/{total_fmt} " if self.total else "{n_fmt} " if self.unit else ""
         self.bar = tqdm(total=self.total, initial=self.initial, desc=self.desc, unit=self.unit or "it", file=self.file,
                         dynamic_ncols=True, mininterval=0.5, leave=True,
