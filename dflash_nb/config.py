@@ -86,6 +86,12 @@ def _coerce(value, tp, key: str):
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 # %% ../nbs/00_config.ipynb #abcc19cd
+def _did_you_mean(word, choices) -> str:
+    "' — did you mean X?' for the closest of `choices` to a mistyped `word`; '' when none is close."
+    import difflib
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" — did you mean {close[0]}?" if close else ""
+
 def from_dict(cls, data: dict | None, prefix: str = ""):
     "Build dataclass `cls` from `data`; unknown keys, wrong types and values out of range raise `ConfigError` naming the dotted key."
     data = dict(data or {})
@@ -93,7 +99,8 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
     known = {f.name for f in fields(cls) if f.init}
     unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s} (known keys of {cls.__name__}: {', '.join(sorted(known))})")
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]!s}{_did_you_mean(unknown[0], known)} "
+                          f"(known keys of {cls.__name__}: {', '.join(sorted(known))})")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     return validate_config(cls(**kwargs), prefix)
 
@@ -117,7 +124,8 @@ def validate_config(cfg, prefix: str = ""):
             schema = f.metadata["keys"]()
             if is_dataclass(schema): from_dict(schema, v, key + ".")      # keys, types and ranges of the section it feeds
             elif unknown := sorted(set(v) - set(schema), key=str):
-                raise ConfigError(f"unknown config key {key}.{unknown[0]!s} (known keys of {key}: {', '.join(sorted(schema))})")
+                raise ConfigError(f"unknown config key {key}.{unknown[0]!s}{_did_you_mean(unknown[0], schema)} "
+                                  f"(known keys of {key}: {', '.join(sorted(schema))})")
     for f, v, key in fs:                                                    # rules across fields, once each field is sound
         if "check" in f.metadata and (why := f.metadata["check"](v, cfg)): raise ConfigError(f"{key}: {why}, got {v!r}")
     return cfg

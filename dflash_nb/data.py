@@ -42,7 +42,11 @@ def load_tokenizer(path):
     name = str(path)
     if name.startswith("hub:"): name = name[4:]
     elif not Path(name).is_dir():
-        raise ConfigError(f"tokenizer {name}: no such directory (to download it from the Hugging Face hub, write hub:{name})")
+        # only a name shaped like a hub id (`org/name`: no leading / . ~, no local `org` dir) gets the hub hint
+        hub_like = re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", name) and not (
+            "/" in name and Path(name.split("/")[0]).exists())
+        hint = f" (to download it from the Hugging Face hub, write hub:{name})" if hub_like else ""
+        raise ConfigError(f"tokenizer {name}: no such directory{hint}")
     try: tok = AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as err:
         raise ConfigError(f"tokenizer {name}: cannot load it: {' '.join(str(err).split())[:300]}") from None
@@ -781,9 +785,17 @@ def _atomic_json(path: Path, obj):
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
 
 # %% ../nbs/01_data.ipynb #bc54484d
-def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1) -> tuple[dict, float, float]:
+def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1,
+               shown=None) -> tuple[dict, float, float]:   # shown: a dflash_nb.progress.Progress counting shards
     "Write the shards of `todo`, in this process (one worker) or a pool of spawned ones: (stats by index, busy s, CPU s)."
     stats, busy, cpu = {}, 0.0, 0.0
+    def done(st):
+        "Count one written shard; show the records and tokens per second so far."
+        stats[st["index"]] = st
+        if shown is None: return
+        secs = max(shown.elapsed(), 1e-9)
+        shown.update(1, **{"records/s": f"{sum(s['records'] for s in stats.values()) / secs:,.0f}",
+                           "tokens/s": f"{sum(s['tokens'] for s in stats.values()) / secs:,.0f}"})
     if todo and workers == 1:
         prev = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"      # single-threaded, like a worker process
@@ -791,7 +803,7 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
             enc = SampleEncoder(tokenizer, cfg)
             for t in todo:
                 t1, c1 = time.perf_counter(), time.process_time()
-                stats[t.index] = write_shard(t, out_dir, enc, cfg)
+                done(write_shard(t, out_dir, enc, cfg))
                 busy += time.perf_counter() - t1; cpu += time.process_time() - c1
         finally:
             if prev is None: os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -809,7 +821,7 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
         try:
             with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=init, initargs=initargs) as pool:
                 for st, dt, dc in pool.map(mod._run_task, [dataclasses.asdict(t) for t in todo], [str(out_dir)] * len(todo)):
-                    stats[st["index"]] = st; busy += dt; cpu += dc
+                    done(st); busy += dt; cpu += dc
         finally:
             mod._WORKER.clear()
     return stats, busy, cpu
@@ -871,7 +883,9 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))
     t_work = time.perf_counter()
-    done, busy, cpu = run_shards(todo, tok, out_dir, cfg, workers)
+    from dflash_nb.progress import Progress
+    with Progress(len(todo), f"tokenize {len(files)} file(s)", "shards", enabled=bool(todo)) as shown:
+        done, busy, cpu = run_shards(todo, tok, out_dir, cfg, workers, shown)
     stats.update(done)
     for p in out_dir.glob("shard-*.arrow"):                      # shards of an earlier, larger plan of this data set
         if _OWN.match(p.name) and int(p.stem[6:]) >= len(tasks): p.unlink()

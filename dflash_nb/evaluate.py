@@ -293,7 +293,9 @@ def acceptance_length(
     proposer = _as_proposer(drafter, B, backend, chunk)
     feats = _as_features(target, getattr(cfg, "target_layer_ids", None))
     stats, n_done, per_sample = AcceptanceStats(B), 0, []
-    for s in samples:
+    from dflash_nb.progress import progress
+    total = min(len(samples), num_samples or len(samples)) if hasattr(samples, "__len__") else num_samples
+    for s in progress(samples, total=total, desc="acceptance length", unit="samples"):
         if num_samples is not None and n_done >= num_samples: break
         ids = torch.as_tensor(s["input_ids"]).long()
         start, end = generated_span(s["loss_mask"])
@@ -954,7 +956,8 @@ def prompt_set_tau(
         stats, secs, turns = AcceptanceStats(B), 0.0, 0
         loop = dict(block_size=B, layer_ids=layer_ids, stop_token_ids=stop_token_ids, backend=backend,
                     temperature=float(T), top_p=top_p, top_k=top_k)
-        for i, p in enumerate(prompts):
+        from dflash_nb.progress import progress
+        for i, p in enumerate(progress(prompts, desc=f"speculative decoding at T={float(T):g}", unit="prompts")):
             if isinstance(p, MultiTurn):
                 dev = model.get_input_embeddings().weight.device
                 gen = torch.Generator(dev).manual_seed(seed + i)

@@ -80,6 +80,12 @@ def drafter_config_from_serving(
         mask_token_id=dc.get("mask_token_id", d.get("mask_token_id")), vocab_size=d.get("vocab_size")).validate()
 
 # %% ../nbs/10_export.ipynb #76765be0
+def _umask() -> int:
+    "This process's umask (read by setting it and putting it back)."
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
 _FROZEN = ("embed_tokens", "lm_head")
 
 from .config import ExpectedError
@@ -186,7 +192,9 @@ def export_drafter(
     meta = {"format": "pt", "producer": "dflash_nb", **{str(k): str(v) for k, v in (metadata or {}).items()}}
     save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
     (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
-    for f in tmp.iterdir(): fsync_file(f)
+    readable = 0o666 & ~_umask()   # a server running as another user reads the export: 0644 under the usual umask 022
+    for f in tmp.iterdir(): os.chmod(f, readable); fsync_file(f)
+    os.chmod(tmp, readable | 0o111 & ~_umask())
     old = temp_sibling(out, "old")
     if out.exists(): check_export_dir(out, True); os.rename(out, old)  # the old export stays complete until the new one is in place
     os.rename(tmp, out)

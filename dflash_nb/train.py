@@ -4,20 +4,21 @@
 
 # %% ../nbs/11_train.ipynb #e7f39389
 from __future__ import annotations
-import contextlib, dataclasses, json, os, sys, time
+import contextlib, dataclasses, json, os, re, shutil, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import torch
 import torch.distributed as dist
-from .config import opt, parse_cli, save_config, ConfigError, run_cli
+from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
 from .data import DataConfig
 from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distributed, build_target, tokenizer_dir,
                                drafter_config, build_drafter, NonFiniteError)
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'prepare_data', 'run', 'main', 'cli']
+           'measure_tau', 'export', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key',
+           'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -107,7 +108,9 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot[-1]
     order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # similar lengths per batch: little padding
     gens = [None] * len(enc)
-    for b in range(0, len(order), batch_size):
+    from dflash_nb.progress import progress
+    batches = range(0, len(order), batch_size)
+    for b in progress(batches, desc=f"regenerate {Path(out_path).name} (generating)", unit="batches"):
         idx = order[b:b + batch_size]
         T = max(len(enc[i]) for i in idx)
         ids = torch.tensor([[pad] * (T - len(enc[i])) + enc[i] for i in idx], device=dev)
@@ -118,7 +121,8 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
     stats = dict(prompts=len(prompts), generated=0, kept=0, cut_by_verify=0, cut_by_round_trip=0)
     out_path = Path(out_path); out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "w", encoding="utf-8") as f:
-        for p, e, g in zip(prompts, enc, gens):
+        for p, e, g in progress(zip(prompts, enc, gens), total=len(prompts),
+                                desc=f"regenerate {out_path.name} (checking)", unit="completions"):
             if eot[-1] in g: g = g[:g.index(eot[-1])]     # the end of turn is added back by the template
             stats["generated"] += len(g)
             n = _greedy_prefix(target, e, g)
@@ -142,9 +146,84 @@ def export(drafter, dcfg, out_dir, **metadata) -> Path:
     from dflash_nb.export import export_drafter
     return Path(export_drafter(drafter, dcfg, out_dir, metadata=metadata))
 
+# %% ../nbs/11_train.ipynb #0699485e
+def held_checkpoints(run_dir) -> Optional[str]:
+    "What `run_dir/checkpoints` holds of an earlier run, for a message; None when it holds nothing."
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir(): return None
+    if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
+    steps = sorted(p.name for p in root.iterdir() if re.fullmatch(r"step-\d{1,12}", p.name))
+    return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
+
+def _tokenized(key: str, data_dir):
+    "A local tokenized data dir must exist and hold a manifest (s3:// is checked where it is read)."
+    if data_dir and not str(data_dir).startswith("s3://") and not (Path(data_dir) / "manifest.json").is_file():
+        raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); tokenize it first with "
+                          f"`python -m dflash_nb.data`, or list raw JSONL in `inputs` to tokenize it in this run")
+
+def check_run(cfg: RunConfig):
+    "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
+    from dflash_nb.data import load_tokenizer, list_inputs
+    tc, rg = cfg.train, cfg.regenerate
+    if tc.target.path is not None and not Path(tc.target.path).is_dir():
+        raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
+                          f"(the target's checkpoint: config.json + weights)")
+    tokenizer = load_tokenizer(tokenizer_dir(tc.target))
+    if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
+        raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
+    if cfg.inputs: list_inputs(cfg.inputs, cfg.data)          # every input is there (a glob matches, a prefix lists)
+    elif not rg.prompts:
+        if not tc.data_dir:
+            raise ConfigError("train.data_dir is not set: point it at the output of `python -m dflash_nb.data`")
+        _tokenized("train.data_dir", tc.data_dir)
+    if cfg.evaluate.num_samples: _tokenized("evaluate.data_dir", cfg.evaluate.data_dir)
+    if not tc.resume and (held := held_checkpoints(tc.run_dir)):
+        ckpts = Path(tc.run_dir) / "checkpoints"
+        raise ConfigError(f"{ckpts} already holds checkpoints ({held}): continue that run with train.resume=auto, "
+                          f"or pick another train.run_dir (nothing was changed)")
+    return tokenizer
+
+# %% ../nbs/11_train.ipynb #e0395539
+def next_demo_dir(run_dir) -> Path:
+    "`run_dir` when it holds no earlier run, else the first of `run_dir-2`, `run_dir-3`, ... that holds none."
+    run_dir, n = Path(run_dir), 2
+    if not held_checkpoints(run_dir): return run_dir
+    while held_checkpoints(run_dir.with_name(f"{run_dir.name}-{n}")): n += 1
+    return run_dir.with_name(f"{run_dir.name}-{n}")
+
+def generation_key(cfg: RunConfig, prompts_path) -> str:
+    "What regenerated data depends on: prompts, regeneration settings (not the batch size), data settings, target."
+    import hashlib
+    regen = {k: v for k, v in dataclasses.asdict(cfg.regenerate).items() if k != "batch_size"}
+    parts = {"prompts": hashlib.sha256(Path(prompts_path).read_bytes()).hexdigest(), "regenerate": regen,
+             "data": to_dict(cfg.data), "target": to_dict(cfg.train.target)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+def save_generated(key: str, gen_dir, files: list, stats: dict):
+    "Record what the completions in `gen_dir` were made from (`generation.json`), so that a rerun can reuse them."
+    from dflash_nb.storage import atomic_write_text
+    record = {"key": key, "files": files, "stats": stats}
+    atomic_write_text(Path(gen_dir) / "generation.json", json.dumps(record, indent=1))
+
+def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
+    "Stats of completions made with `key` in one of `run_dirs` (copied into `gen_dir` if elsewhere); None if none."
+    gen_dir = Path(gen_dir)
+    for run_dir in run_dirs:
+        src = Path(run_dir) / "generated"
+        try: rec = json.loads((src / "generation.json").read_text())
+        except (OSError, ValueError): continue
+        if rec.get("key") != key or not all((src / f).is_file() for f in rec.get("files", [])): continue
+        if src.resolve() != gen_dir.resolve():
+            gen_dir.mkdir(parents=True, exist_ok=True)
+            for f in rec["files"] + ["generation.json"]: shutil.copy2(src / f, gen_dir / f)
+        log(f"reused the completions regenerated earlier in {src} (same prompts, target and settings)")
+        return rec["stats"]
+    return None
+
 # %% ../nbs/11_train.ipynb #fef68fb7
-def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tuple[Optional[str], Optional[str]]:
-    "Regenerate and/or tokenize as configured; returns (train data dir, held-out data dir)."
+def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
+                 reuse_from=()) -> tuple[Optional[str], Optional[str]]:   # earlier run dirs with completions to reuse
+    "Regenerate (or reuse matching completions) and/or tokenize; returns (train data dir, held-out data dir)."
     from dflash_nb.data import tokenize_dataset
     run_dir, tc = Path(cfg.train.run_dir), cfg.train
     train_dir, held_dir = tc.data_dir, cfg.evaluate.data_dir
@@ -158,40 +237,48 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tupl
         trainp = prompts[: len(prompts) - len(held)]
         t0 = time.perf_counter()
         gen = run_dir / "generated"
-        rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
-        train_jsonl = rt["path"]
-        inputs.append(str(train_jsonl))
+        key = generation_key(cfg, path)
+        if reuse_generated(key, gen, [run_dir, *reuse_from], log) is None:
+            rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
+            if held:
+                rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size,
+                                cfg.data)
+            counted = ("generated", "kept", "cut_by_verify", "cut_by_round_trip")
+            st = {k: rt[k] + (rh[k] if held else 0) for k in counted}
+            save_generated(key, gen, ["train.jsonl"] + (["heldout.jsonl"] if held else []), st)
+            log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in "
+                f"{time.perf_counter() - t0:.1f}s -> {gen}\n"
+                f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; "
+                f"{st['cut_by_round_trip']} completions cut where the text re-tokenizes differently, "
+                f"{st['cut_by_verify']} where batch-1 greedy differs)")
+        inputs.append(str(gen / "train.jsonl"))
         if held:
-            rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
-            held_jsonl = rh["path"]
             held_dir = str(run_dir / "data" / "heldout")
-            tokenize_dataset([str(held_jsonl)], tok_dir, held_dir, cfg.data, verbose=False)
-        st = {k: rt[k] + (rh[k] if held else 0) for k in ("generated", "kept", "cut_by_verify", "cut_by_round_trip")}
-        log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in {time.perf_counter() - t0:.1f}s -> {gen}\n"
-            f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; {st['cut_by_round_trip']} completions cut "
-            f"where the text re-tokenizes differently, {st['cut_by_verify']} where batch-1 greedy differs)")
+            tokenize_dataset([str(gen / "heldout.jsonl")], tok_dir, held_dir, cfg.data, verbose=False)
     if inputs:
         train_dir = str(run_dir / "data" / "train")
         tokenize_dataset(inputs, tok_dir, train_dir, cfg.data, verbose=True)
     return train_dir, held_dir
 
-def run(cfg: RunConfig) -> dict:
-    "The whole project for one config: regenerate → tokenize + audit → τ before → train → τ after → export."
-    from dflash_nb.data import load_tokenizer
+def run(cfg: RunConfig, reuse_from=()) -> dict:
+    "The whole project: checks → regenerate → tokenize + audit → τ before → train → τ after → export."
     from dflash_nb.target import TargetFeatures
+    from dflash_nb.progress import stage
     t_all = time.perf_counter()
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.train.devices, local_rank)
     distributed = init_distributed(ddev)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
+    tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
     run_dir.mkdir(parents=True, exist_ok=True)
     log = print if rank == 0 else (lambda *a, **k: None)
     report = {"run_dir": str(run_dir)}
-    tokenizer = load_tokenizer(tokenizer_dir(tc.target))
     # 1-2. data (rank 0; the others wait) --------------------------------------------------------------------------
     need_target = bool(cfg.regenerate.prompts) or cfg.evaluate.num_samples > 0
-    target = build_target(tc.target, tdev) if need_target and rank == 0 else None
-    if rank == 0: train_dir, held_dir = prepare_data(cfg, target, tokenizer, log)
+    target = None
+    if need_target and rank == 0:
+        with stage(f"loading the target ({tc.target.path or 'tiny'})"): target = build_target(tc.target, tdev)
+    if rank == 0: train_dir, held_dir = prepare_data(cfg, target, tokenizer, log, reuse_from)
     if distributed:
         box = [None]
         if rank == 0: box = [(train_dir, held_dir)]
@@ -204,7 +291,8 @@ def run(cfg: RunConfig) -> dict:
         dcfg = drafter_config(target, tc.drafter, tokenizer)
         feats = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=tc.target.max_batch_tokens)
         report["tau_before"] = measure_tau(build_drafter(dcfg, feats, ddev, tc.seed), feats, held_dir, cfg.evaluate.num_samples, dcfg.block_size)
-        log(f"tau before training: {report['tau_before']['tau']:.3f} on {cfg.evaluate.num_samples} held-out samples")
+        before = report["tau_before"]
+        log(f"tau before training: {before['tau']:.3f} on {before['samples']} held-out samples")
     # 4. train -----------------------------------------------------------------------------------------------------
     summary = train(tc, target=target)   # rank 0 reuses the target it already loaded (one copy per device)
     drafter, dcfg, trained_target = summary.pop("drafter"), summary.pop("drafter_config"), summary.pop("target")
@@ -216,7 +304,9 @@ def run(cfg: RunConfig) -> dict:
         report["tau_after"] = measure_tau(drafter, feats, held_dir, cfg.evaluate.num_samples, dcfg.block_size)
         log(f"tau after training:  {report['tau_after']['tau']:.3f} (before {report['tau_before']['tau']:.3f})")
     if cfg.export and rank == 0:
-        report["export"] = str(export(drafter, dcfg, run_dir / "drafter", step=summary["steps"], checkpoint=summary["checkpoint"]))
+        with stage("export"):
+            report["export"] = str(export(drafter, dcfg, run_dir / "drafter", step=summary["steps"],
+                                          checkpoint=summary["checkpoint"]))
     report["wall_s"] = time.perf_counter() - t_all
     if rank == 0:
         (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
@@ -244,11 +334,21 @@ def main(argv=None) -> int:
 
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception): sys.stdout.reconfigure(line_buffering=True)  # progress reaches log files as it happens
-    if not any(a == "--config" or a.startswith("--config=") for a in argv) and not any(a in ("-h", "--help") for a in argv):
+    demo = not any(a == "--config" or a.startswith("--config=") for a in argv)
+    if demo and not any(a in ("-h", "--help") for a in argv):
         argv = ["--config", str(demo_config_path())] + argv
     try:
         cfg = parse_cli(RunConfig, argv, prog="dflash_nb.train")
-        report = run(cfg)
+        reuse = []
+        if demo and not cfg.train.resume:   # the demo never refuses to run and never touches an earlier demo run
+            first, new = Path(cfg.train.run_dir), next_demo_dir(cfg.train.run_dir)
+            if new != first:
+                print(f"{first} holds an earlier demo run, left as it is: this run writes to {new} "
+                      f"(reusing the earlier completions when they match; `rm -r {first}*` starts over)", flush=True)
+                last = int(new.name.rsplit("-", 1)[1])
+                reuse = [first] + [first.with_name(f"{first.name}-{n}") for n in range(2, last)]
+                cfg.train.run_dir = str(new)
+        report = run(cfg, reuse_from=reuse)
     except NonFiniteError as e:
         print(f"dflash_nb.train: error: {e}", file=sys.stderr); return 3
     finally:

@@ -24,7 +24,7 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
            'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
            'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
-           'train_step', 'log_interval', 'Preemption', 'train']
+           'train_step', 'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -985,7 +985,7 @@ class _Log:
     "Rank 0 writes JSONL records to `run_dir/metrics.jsonl` and prints; other ranks are silent."
     def __init__(self, run_dir: Path, rank: int, total: int):
         self.on, self.total, self.t0 = rank == 0, total, time.perf_counter()
-        self.tty = self.on and sys.stderr.isatty()
+        self.progress = None  # the step progress, from `start` on
         self.f = open(run_dir / "metrics.jsonl", "a") if self.on else None
         self.tracker = None  # dflash_nb.tracking.Trackers on rank 0 when train.report_to names any
 
@@ -998,29 +998,57 @@ class _Log:
 
     def print(self, msg: str):
         if not self.on: return
-        if self.tty: sys.stderr.write("\r\033[K")
-        print(msg, flush=True)
+        if self.progress is not None: self.progress.write(msg)
+        else: print(msg, flush=True)
 
-    def bar(self, step: int, start: int, last: dict):
-        if not self.tty: return
-        done, el = step - start, time.perf_counter() - self.t0
-        eta = el / max(done, 1) * (self.total - step)
-        w = 30; k = int(w * step / max(self.total, 1))
-        msg = f"[{'#' * k}{'.' * (w - k)}] {step}/{self.total} loss {last.get('loss', float('nan')):.3f} acc1 {(last.get('acc') or [0])[0]:.2f} " \
-              f"{last.get('tokens_per_s', 0):.0f} tok/s ETA {int(eta // 60)}:{int(eta % 60):02d}"
-        sys.stderr.write("\r\033[K" + msg); sys.stderr.flush()
+    def start(self, start: int, warmup: int = 3):
+        "The step progress (dflash_nb.progress): a bar on a terminal, lines with elapsed, rate and ETA in a log file."
+        from dflash_nb.progress import Progress
+        # the first `warmup` steps compile kernels and fill caches: left out of the rate, the ETA is sane at once
+        warmup = min(warmup, max(self.total - start - 1, 0))
+        self.progress = Progress(self.total, "train", "steps", initial=start, warmup=warmup, enabled=self.on)
+
+    def advance(self):
+        "One optimizer step done."
+        if self.progress is not None: self.progress.update(1)
+
+    def show(self, rec: dict):
+        "The last interval's measurements next to the progress (nothing is shown before the first interval)."
+        if self.progress is not None: self.progress.set(**_bar_fields(rec))
+
+    def eta(self) -> Optional[float]:
+        "Seconds left at the step rate measured after the warm-up; None before it."
+        return self.progress.eta() if self.progress is not None else None
+
+    def step_s(self) -> Optional[float]:
+        "Seconds per optimizer step measured after the warm-up; None before it."
+        r = self.progress.rate() if self.progress is not None else None
+        return 1 / r if r else None
 
     def close(self):
-        if self.tty: sys.stderr.write("\n")
+        if self.progress is not None: self.progress.close("done" if self.progress.n >= self.total else "stopped")
         if self.f: self.f.close()
         if self.tracker is not None: self.tracker.close()
 
+def _num(v, spec: str) -> str:
+    "A measured number formatted with `spec`; '—' when it was not measured (None or NaN)."
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+def _bar_fields(rec: dict) -> dict:
+    "The last interval's measurements shown next to the step bar."
+    return {"loss": _num(rec.get("loss"), ".3f"), "acc@1": _num((rec.get("acc") or [None])[0], ".2f"),
+            "tok/s": _num(rec.get("tokens_per_s"), ",.0f")}
+
 def _fmt(rec: dict) -> str:
     if "event" in rec: return "  [" + rec["event"] + "] " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))
-    acc = rec.get("acc") or [0.0]
-    return (f"step {rec['step']:>6}/{rec['total']}  loss {rec['loss']:.4f}  acc@1 {acc[0]:.3f}  tau~{rec['tau_est']:.2f}  "
-            f"lr {rec['lr']:.2e}  {rec['tokens_per_s']:.0f} tok/s  target {rec['target_busy']:.0%} drafter {rec['drafter_busy']:.0%} "
-            f"wait {rec['drafter_wait']:.0%}  q {rec['queue_depth']:.1f}  skipped {rec['nonfinite_total']}")
+    from dflash_nb.progress import fmt_duration
+    acc = rec.get("acc") or [None]
+    return (f"step {rec['step']:>6}/{rec['total']}  loss {_num(rec['loss'], '.4f')}  acc@1 {_num(acc[0], '.3f')}  "
+            f"tau~{_num(rec['tau_est'], '.2f')}  lr {rec['lr']:.2e}  {_num(rec['tokens_per_s'], '.0f')} tok/s  "
+            f"target {rec['target_busy']:.0%} drafter {rec['drafter_busy']:.0%} wait {rec['drafter_wait']:.0%}  "
+            f"q {rec['queue_depth']:.1f}  skipped {rec['nonfinite_total']}  "
+            f"elapsed {fmt_duration(rec.get('elapsed_s'))} ETA {fmt_duration(rec.get('eta_s'))}")
+
 
 # %% ../nbs/08_trainer.ipynb #3545773d
 @dataclass
@@ -1263,10 +1291,48 @@ def log_interval(run: Run, metrics: "Metrics", producer: FeatureProducer, drafte
             "target_busy": tb / wall, "drafter_busy": db / wall,
             "transfer_gb_s": (producer.bytes / 1e9 / cb) if producer.bytes and cb > 0 else None,
             "peak_mem_gb": peak_memory_gb([run.tdev, run.ddev]), "elapsed_s": el,
-            "eta_s": el / max(done - start, 1) * (cfg.steps - done)}
+            "eta_s": run.log.eta()}   # from the step rate after the warm-up; None until measured
     producer.bytes = 0
     run.log.record(last)
     return last
+
+# %% ../nbs/08_trainer.ipynb #8796e6e3
+def projected_cost(rec: dict,              # the first measured interval's record (target_busy, drafter_busy)
+                   step_s: float,          # measured seconds per optimizer step
+                   steps: int,             # optimizer steps configured
+                   done: int,              # steps done so far
+                   rows_per_epoch: int,    # packed rows in one pass over the data set
+                   global_batch: int,      # rows per optimizer step
+                   anchors_per_row: int):  # train.max_anchors
+    "Projected run time, time per epoch, the side that bounds a step and the anchors that would balance a split pair."
+    tb, db = rec["target_busy"], rec["drafter_busy"]
+    steps_per_epoch = rows_per_epoch / global_batch
+    return {"step_s": step_s, "steps": steps, "total_s": step_s * steps, "remaining_s": step_s * (steps - done),
+            "steps_per_epoch": steps_per_epoch, "epoch_s": step_s * steps_per_epoch, "epochs": steps / steps_per_epoch,
+            "target_busy": tb, "drafter_busy": db, "bound": "target" if tb >= db else "drafter",
+            "anchors_per_row": anchors_per_row,
+            "balanced_anchors_per_row": max(1, round(anchors_per_row * tb / db)) if db > 0 else None,
+            "assumption": "drafter time proportional to the anchors per row; target time independent of them"}
+
+def format_cost(c: dict) -> str:
+    "Two lines: the projected time, and the side that bounds a step with the anchors that would balance a split pair."
+    from dflash_nb.progress import fmt_duration
+    balance = (f"on a split target→drafter pair about {c['balanced_anchors_per_row']} anchors per row (now "
+               f"{c['anchors_per_row']}) would keep both busy, if the drafter's time is proportional to its anchors"
+               if c["balanced_anchors_per_row"] else "the drafter's share was not measured")
+    return (f"projected: {c['steps']} steps ≈ {fmt_duration(c['total_s'])} at {c['step_s']:.3g} s/step "
+            f"({fmt_duration(c['remaining_s'])} left); one epoch of the data ({c['steps_per_epoch']:.1f} steps) "
+            f"≈ {fmt_duration(c['epoch_s'])}, {c['epochs']:.2f} epochs in all\n"
+            f"bound by the {c['bound']}: target busy {c['target_busy']:.0%}, drafter busy {c['drafter_busy']:.0%} "
+            f"of the wall time; {balance}")
+
+def _report_cost(run: Run, rec: dict, done: int) -> dict:
+    "The projection after the first measured interval (printed by rank 0), for summary.json."
+    cfg = run.cfg
+    step_s = run.log.step_s() or rec["wall_s"] / max(rec["steps"], 1)   # the interval itself while still warming up
+    c = projected_cost(rec, step_s, cfg.steps, done, len(run.stream.epoch_rows(0)), cfg.global_batch, cfg.max_anchors)
+    run.log.print(run.log_prefix + format_cost(c).replace("\n", "\n" + run.log_prefix))
+    return c
 
 # %% ../nbs/08_trainer.ipynb #f3a74b62
 class Preemption:
@@ -1303,21 +1369,24 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     preempt = Preemption()
     producer, drafter_clock = make_producer(run, start), Stopwatch(run.ddev)
     _announce(run, start)
+    run.log.start(start)
     nan_steps = set(cfg.fault.nan_loss_steps)
-    last, history, t_start, stopped, step = {}, [], time.perf_counter(), None, start
+    last, history, t_start, stopped, step, cost = {}, [], time.perf_counter(), None, start, None
     try:
         run.model.train()
         for step in range(start, cfg.steps):
             if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
             train_step(run, producer, metrics, drafter_clock, step, nan_loss=step in nan_steps)
             done = step + 1
+            run.log.advance()
             if done % cfg.log_every == 0 or done == cfg.steps:
                 # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
                 last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start); history.append(last)
+                run.log.show(last)
+                if cost is None: cost = _report_cost(run, last, done)   # what the whole run will cost, once measured
                 if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last)
                 # sync: one rank's SIGTERM stops every rank after this same step (the flag is all-reduced here, where we sync anyway)
                 if run.distributed: preempt.agree(run.ddev)
-            run.log.bar(done, start, last)
             # sync: a checkpoint reads the non-finite counter (no checkpoint after too many bad steps) and gathers the RNGs
             if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps: ckpt.checkpoint(done)
             if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
@@ -1327,15 +1396,27 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
             step = cfg.steps
     finally:
         producer.close(); preempt.restore(); ckpt.close(); run.log.close()
-    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, time.perf_counter() - t_start)
+    total_s = time.perf_counter() - t_start
+    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, total_s, cost=cost)
 
 # %% ../nbs/08_trainer.ipynb #4766c505
 def _announce(run: Run, start: int):
     cfg = run.cfg
     if run.rank == 0:
+        _record_backend(run)
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
+
+def _record_backend(run: Run):
+    "Every run dir has attention_backend.json: the probe's record when it ran for this run, else the choice and why."
+    p = run.run_dir / "attention_backend.json"
+    with contextlib.suppress(OSError, ValueError):
+        old = json.loads(p.read_text())
+        if (old.get("backend"), old.get("reason")) == (run.backend, run.backend_why): return   # the probe's own record
+    rec = {"backend": run.backend, "reason": run.backend_why, "device": str(run.ddev), "probed": False,
+           "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_atomic(p, json.dumps(rec, indent=2))
 
 def _too_many_nonfinite(run: Run, rec: dict):
     "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
@@ -1343,12 +1424,13 @@ def _too_many_nonfinite(run: Run, rec: dict):
     raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
                          f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
 
-def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped, total: float) -> dict:
+def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped,
+             total: float, cost: Optional[dict] = None) -> dict:   # cost: the projection after the first interval
     "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
-               **ckpt.s3_summary(), "run_dir": str(run.run_dir)}
+               **ckpt.s3_summary(), "run_dir": str(run.run_dir), "cost": cost}
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         f = summary["final"]
