@@ -281,6 +281,9 @@ class FeatureProducer:
         self.recv_stream = torch.cuda.Stream(drafter_device) if split and drafter_device.type == "cuda" else None
         self.target_clock, self.copy_clock = Stopwatch(target_device), Stopwatch(target_device)
         self.bytes, self.threaded = 0, threaded
+        # a new thread starts with the process default of intra-op threads, not the caller's torch.set_num_threads;
+        # CPU reductions split by thread count, so the producer adopts the caller's to give the inline results
+        self.intra_op_threads = torch.get_num_threads()
         self.q, self.stop_flag, self.thread = queue.Queue(maxsize=max(1, depth)), threading.Event(), None
         if threaded:
             self.thread = threading.Thread(target=self._run, name="target-producer", daemon=True)
@@ -314,6 +317,7 @@ class FeatureProducer:
         return b
 
     def _run(self):
+        torch.set_num_threads(self.intra_op_threads)
         try:
             for step, micro in self.order:
                 item = self.produce(step, micro)
