@@ -22,9 +22,9 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
-           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
-           'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
-           'train_step', 'log_interval', 'Preemption', 'train']
+           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
+           'load_samples', 'NonFiniteError', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight',
+           'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -909,6 +909,7 @@ def warm_start_config(init_dir,                 # a serving-format drafter direc
     if not (init_dir / "config.json").is_file() or not (init_dir / "model.safetensors").is_file():
         raise ConfigError(f"init_from={init_dir}: expected a drafter directory with config.json and model.safetensors")
     try: theirs = read_exported_config(init_dir)
+    except ConfigError as e: raise ConfigError(f"init_from: {e}") from None    # its message names the file already
     except (ValueError, KeyError, TypeError) as e: raise ConfigError(f"init_from={init_dir}/config.json: {e}") from None
     hf = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
     if theirs.hidden_size != hf.hidden_size:
@@ -947,6 +948,60 @@ def load_warm_start(drafter, init_dir) -> int:
     dev = next(drafter.parameters()).device
     drafter.load_trainable_state_dict({k: v.to(device=dev, dtype=mine[k].dtype) for k, v in sd.items()})
     return len(sd)
+
+# %% ../nbs/08_trainer.ipynb #b0d5e002
+_GIB = 1 << 30
+
+def _available_bytes(device: torch.device) -> int:
+    "Memory a new allocation can still get: free device memory on CUDA, available host RAM on CPU."
+    if device.type == "cuda": return torch.cuda.mem_get_info(device)[0]
+    with contextlib.suppress(OSError, ValueError, StopIteration):   # Linux: MemAvailable counts reclaimable cache
+        line = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
+    "The drafter's sizes as plain ints (the run's overrides, an `init_from` config.json's, else the target's) and their source."
+    hf = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    dims = {k: getattr(hf, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                               "num_key_value_heads", "head_dim", "vocab_size")}
+    dims.update(num_hidden_layers=5, block_size=16, num_target_features=5)
+    from dflash_nb.config import read_document
+    src, prefix = {}, "drafter."
+    if cfg.init_from and Path(cfg.init_from, "config.json").is_file():    # read within limits, before any drafter exists
+        d = read_document(Path(cfg.init_from) / "config.json", "json")
+        src = d.get("dflash_nb_drafter_config") or d if isinstance(d, dict) else {}
+        prefix = f"{Path(cfg.init_from) / 'config.json'} "
+        ids = (src.get("dflash_config") or {}).get("target_layer_ids") if isinstance(src.get("dflash_config"), dict) else None
+        src = {**src, "target_layer_ids": src.get("target_layer_ids", ids)}
+    if not src: src = dict(cfg.drafter or {})
+    for k, v in src.items():
+        if k in dims and isinstance(v, int) and not isinstance(v, bool): dims[k] = v
+    if isinstance(src.get("target_layer_ids"), list): dims["num_target_features"] = len(src["target_layer_ids"])
+    dims["head_dim"] = dims["head_dim"] or dims["hidden_size"] // max(1, dims["num_attention_heads"] or 1)
+    return dims, prefix
+
+def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
+    """Refuse (`ConfigError`, one line naming the keys) a drafter whose parameters, AdamW state, activations or logits
+    chunk cannot fit in `device`'s available memory; a lower bound from the config alone, checked before allocating."""
+    d, prefix = _drafter_dims(cfg, target)
+    H, I, L, B, V = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"], d["block_size"], d["vocab_size"]
+    q, kv = d["num_attention_heads"] * d["head_dim"], d["num_key_value_heads"] * d["head_dim"]
+    params = L * (2 * H * q + 2 * H * kv + 3 * H * I) + d["num_target_features"] * H * H
+    act_bytes = 2 if device.type == "cuda" else 4                       # bf16 autocast on GPU, fp32 on CPU
+    rows = cfg.max_anchors * B                                          # draft tokens of one packed row
+    parts = {   # bytes: the least each part needs; fp32 weights + gradients + two AdamW moments = 16 bytes a parameter
+        f"parameters and AdamW state ({prefix}num_hidden_layers={L}, intermediate_size={I}, hidden_size={H})": 16 * params,
+        f"activations (max_anchors={cfg.max_anchors} x block_size={B} x {prefix}num_hidden_layers={L}, intermediate_size={I})":
+            act_bytes * rows * L * (4 * H + 3 * I) + act_bytes * cfg.max_tokens * L * 2 * kv,
+        f"logits chunk (loss_chunk_blocks={cfg.loss_chunk_blocks} x block_size={B} x vocabulary {V})":
+            4 * 2 * min(cfg.loss_chunk_blocks, cfg.max_anchors) * B * V,
+    }
+    need, have = sum(parts.values()), _available_bytes(device)
+    if need > have:
+        worst = max(parts, key=parts.get)
+        raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
+                          f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
 
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def load_samples(data_dir):
@@ -1080,6 +1135,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     target = build_target(cfg.target, tdev) if target is None else target.to(tdev).eval().requires_grad_(False)
+    check_drafter_memory(cfg, target, ddev)   # sizes that cannot fit: one line, before any drafter tensor exists
     if cfg.init_from: dcfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
     else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
