@@ -23,8 +23,9 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
            'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
-           'load_samples', 'NonFiniteError', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight',
-           'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
+           'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'pick_backend', 'Run', 'build_run',
+           'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval',
+           'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -1013,6 +1014,28 @@ def load_samples(data_dir):
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
 
+_NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in the order it is met
+
+def _nonfinite_counts(metrics, device) -> torch.Tensor:
+    "Steps (or rows) in which each of `_NONFINITE_PARTS` was non-finite: a device tensor on `metrics`, no host sync."
+    if getattr(metrics, "nonfinite_parts", None) is None: metrics.nonfinite_parts = torch.zeros(4, device=device)
+    return metrics.nonfinite_parts
+
+def _weights_finite(params) -> torch.Tensor:
+    "Device bool: every parameter finite (one fused norm pass, like the gradient clip's)."
+    return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params])).sum())
+
+def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
+    "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (what a resume after a blow-up wants)."
+    from safetensors import safe_open
+    root = Path(ckpt_root)
+    dirs = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name)), reverse=True) if root.is_dir() else []
+    for d in dirs:
+        with contextlib.suppress(Exception):   # an unreadable one is not a good one
+            with safe_open(str(d / "drafter.safetensors"), "pt") as f:
+                if all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys()): return d
+    return None
+
 def _autocast(cfg: TrainConfig, device: torch.device):
     if cfg.amp == "off" or (cfg.amp == "auto" and device.type != "cuda"): return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -1301,12 +1324,16 @@ def train_step(run: Run, producer: FeatureProducer, metrics: "Metrics", drafter_
             loss = out.loss * float("nan") if nan_loss else out.loss
             (loss / accum).backward()
         drafter_clock.stop(t)
+        seen = _nonfinite_counts(metrics, run.ddev)   # what went non-finite, for the message when the run stops
+        seen[0] += ~torch.isfinite(b.features).all(); seen[1] += ~torch.isfinite(loss.detach())
         metrics.add_micro(loss, out.slot_correct, out.slot_count, b.n_tokens, b.n_loss_tokens, accum)
     gnorm = torch.nn.utils.clip_grad_norm_(run.params, cfg.optim.clip, foreach=True)
     bad = ~torch.isfinite(gnorm)
     if _skip_if(run.optimizer, bad, run.fused): run.optimizer.step()
     run.scheduler.step(); run.optimizer.zero_grad(set_to_none=True)
-    metrics.add_step(gnorm, bad)
+    weights_bad = ~_weights_finite(run.params)    # a finite step can still overflow the weights (a huge lr or decay)
+    seen[2] += bad; seen[3] += weights_bad
+    metrics.add_step(gnorm, bad | weights_bad)
 
 # %% ../nbs/08_trainer.ipynb #2f84ba67
 def log_interval(run: Run, metrics: "Metrics", producer: FeatureProducer, drafter_clock: Stopwatch, done: int, start: int,
@@ -1374,7 +1401,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
             if done % cfg.log_every == 0 or done == cfg.steps:
                 # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
                 last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start); history.append(last)
-                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last)
+                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last, metrics)
                 # sync: one rank's SIGTERM stops every rank after this same step (the flag is all-reduced here, where we sync anyway)
                 if run.distributed: preempt.agree(run.ddev)
             run.log.bar(done, start, last)
@@ -1397,14 +1424,27 @@ def _announce(run: Run, start: int):
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
 
-def _too_many_nonfinite(run: Run, rec: dict):
-    "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
-    ckpt_root, cfg = run.ckpt_root, run.cfg
+def _nonfinite_story(run: Run, metrics=None) -> str:
+    "What went non-finite (features, loss, gradients, weights: in how many steps) and the checkpoint to go back to."
+    counts = getattr(metrics, "nonfinite_parts", None)
+    what = ", ".join(f"{n} in {int(c)}" for n, c in zip(_NONFINITE_PARTS, counts.tolist()) if c) if counts is not None else ""
+    good = last_finite_checkpoint(run.ckpt_root)
+    latest = resolve_checkpoint(run.ckpt_root) if (run.ckpt_root / "latest").exists() else None
+    where = f"the last checkpoint with finite weights is {good or 'none'}"
+    if latest is not None and good is not None and latest.resolve() != good.resolve():
+        where += f" (latest, {latest.name}, holds non-finite weights: resume from {good})"
+    return f"non-finite {what or 'values'}; {where}"
+
+def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
+    "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
+    cfg = run.cfg
     raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
-                         f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
+                         f"stopping; {_nonfinite_story(run, metrics)}")
 
 def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped, total: float) -> dict:
     "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
+    if not bool(_weights_finite(run.params)):   # a run whose weights blew up never ends looking like a finished one
+        raise NonFiniteError(f"the drafter's weights are non-finite after step {steps}; {_nonfinite_story(run, metrics)}")
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
