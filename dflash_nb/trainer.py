@@ -23,9 +23,9 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
            'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
-           'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'pick_backend', 'Run', 'build_run',
-           'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval',
-           'Preemption', 'train']
+           'check_token_ids', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'pick_backend', 'Run',
+           'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
+           'log_interval', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -1004,6 +1004,20 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
         raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
                           f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
 
+# %% ../nbs/08_trainer.ipynb #b0d5e006
+def check_token_ids(samples, data_dir, target):
+    "Refuse (`ConfigError` naming the shard) token ids outside the target's embedding rows, before any batch is built."
+    import pyarrow.compute as pc
+    rows = target.get_input_embeddings().weight.shape[0]
+    for table, shard in zip(samples.tables, samples.manifest["shards"]):   # one vectorised pass over the memory map
+        if not table.num_rows: continue
+        ids = pc.list_flatten(table.column("input_ids"))
+        lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
+        if lo is not None and (lo < 0 or hi >= rows):
+            bad = hi if hi >= rows else lo
+            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: token id {bad} is outside the target's vocabulary "
+                              f"(embedding rows 0..{rows - 1}); tokenize the data with the target's tokenizer")
+
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, indexable (`ds[i]` → dict with input_ids, loss_mask), with `.lengths`."
@@ -1159,6 +1173,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     target = build_target(cfg.target, tdev) if target is None else target.to(tdev).eval().requires_grad_(False)
     check_drafter_memory(cfg, target, ddev)   # sizes that cannot fit: one line, before any drafter tensor exists
+    check_token_ids(samples, cfg.data_dir, target)
     if cfg.init_from: dcfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
     else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
