@@ -1036,8 +1036,9 @@ def _nonfinite_counts(metrics, device) -> torch.Tensor:
     return metrics.nonfinite_parts
 
 def _weights_finite(params) -> torch.Tensor:
-    "Device bool: every parameter finite (one fused norm pass, like the gradient clip's)."
-    return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params])).sum())
+    "Device bool: every parameter finite (one fused pass, like the gradient clip's)."
+    # the max-abs norm: an L2 norm of large finite weights (1e30) overflows to inf and would look non-finite
+    return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params], float("inf")))).all()
 
 def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
     "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (what a resume after a blow-up wants)."
@@ -1442,7 +1443,9 @@ def _announce(run: Run, start: int):
 def _nonfinite_story(run: Run, metrics=None) -> str:
     "What went non-finite (features, loss, gradients, weights: in how many steps) and the checkpoint to go back to."
     counts = getattr(metrics, "nonfinite_parts", None)
-    what = ", ".join(f"{n} in {int(c)}" for n, c in zip(_NONFINITE_PARTS, counts.tolist()) if c) if counts is not None else ""
+    units = ("rows", "rows", "steps", "steps")     # features and loss are seen per row, gradients and weights per step
+    what = ", ".join(f"{n} in {int(c)} {u}" for n, c, u in zip(_NONFINITE_PARTS, counts.tolist(), units) if c) \
+        if counts is not None else ""
     good = last_finite_checkpoint(run.ckpt_root)
     latest = resolve_checkpoint(run.ckpt_root) if (run.ckpt_root / "latest").exists() else None
     where = f"the last checkpoint with finite weights is {good or 'none'}"
