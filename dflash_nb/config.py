@@ -291,14 +291,17 @@ def invoked_as(prog: str) -> str:
     script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
     return script if script.startswith("dflash-") else prog
 
+_DISK_FULL_TEXTS = ("No space left on device", "os error 28",   # safetensors: "I/O error: ... (os error 28)"
+                    "iostream error", "PytorchStreamWriter failed writing")  # torch.save loses the errno on a full disk
+
 def disk_full(err: BaseException) -> bool:
-    "Whether `err` (or an exception it wraps) is a full disk: safetensors and torch.save wrap ENOSPC in their own errors."
+    "Whether `err` (or an exception it wraps) is a failed write to a full disk, however the library that wrote wrapped it."
     import errno
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno == errno.ENOSPC: return True
-        if "No space left on device" in str(err): return True
+        if any(t in str(err) for t in _DISK_FULL_TEXTS): return True
         err = err.__cause__ or err.__context__
     return False
 
@@ -309,16 +312,15 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
     argv = [a for a in argv if a != "--debug"]
     prog = invoked_as(prog)
     try: rc = main(argv)
-    except (ExpectedError, OSError, MemoryError, *expected) as err:
-        if debug: traceback.print_exc()
-        print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
-        return 2
     except Exception as err:
-        if not disk_full(err): raise
+        full = disk_full(err)
+        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, *expected)): raise   # a bug
         if debug: traceback.print_exc()
+        line = error_line(err)
         # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
-        print(f"{prog}: error: no space left on device ({error_line(err)}); files written before are intact: "
-              "free space and run again (train.resume=auto continues from the last checkpoint)", file=sys.stderr)
+        if full: line = (f"no space left on device ({line}); files written before are intact: free space and run again "
+                         "(train.resume=auto continues from the last checkpoint)")
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
