@@ -207,6 +207,18 @@ def read_exported_config(path):
     except (KeyError, TypeError, ValueError) as e:          # a field missing or of the wrong kind in a hand-edited file
         raise ConfigError(f"{path}/config.json does not describe a drafter: {type(e).__name__}: {e}") from e
 
+def _check_shapes(sd: dict, cfg):
+    "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
+    from dflash_nb.model import DFlashDrafter
+    with torch.device("meta"):
+        ref = DFlashDrafter(cfg, nn.Identity(), nn.Identity()).state_dict()
+    missing, extra = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
+    wrong = [k for k in ref if k in sd and tuple(ref[k].shape) != tuple(sd[k].shape)]
+    if missing or extra or wrong:
+        from dflash_nb.config import ConfigError
+        raise ConfigError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
+                         f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
+
 def load_exported_drafter(
     path,                 # an exported directory (config.json + model.safetensors)
     embed_tokens,         # the target's input embedding (frozen, shared)
@@ -265,18 +277,6 @@ def checkpoint_weights(d: Path) -> dict:
     for name in ("drafter.safetensors", "model.safetensors"):
         if (d / name).exists(): return read_safetensors(d / name)
     raise FileNotFoundError(f"{d}: no drafter.safetensors or model.safetensors")
-
-def _check_shapes(sd: dict, cfg):
-    "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
-    from dflash_nb.model import DFlashDrafter
-    with torch.device("meta"):
-        ref = DFlashDrafter(cfg, nn.Identity(), nn.Identity()).state_dict()
-    missing, extra = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
-    wrong = [k for k in ref if k in sd and tuple(ref[k].shape) != tuple(sd[k].shape)]
-    if missing or extra or wrong:
-        from dflash_nb.config import ConfigError
-        raise ConfigError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
-                         f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
 
 def export_checkpoint(
     checkpoint,            # a trainer checkpoint dir, or a run / checkpoints dir (its `latest`)
