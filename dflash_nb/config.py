@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'ExpectedError', 'ConfigError', 'opt', 'from_dict',
-           'validate_config', 'to_dict', 'parse_override', 'apply_overrides', 'parse_document', 'read_document',
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
+           'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
            'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as', 'disk_full', 'run_cli',
            'CliParser', 'scratch_dir']
 
@@ -33,6 +33,47 @@ def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, key
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
 
+
+# %% ../nbs/00_config.ipynb #5afe0002
+MAX_DOC_BYTES = 8 << 20      # a config or config.json is kilobytes; a bigger one is a mistake or an attack
+MAX_DOC_DEPTH = 64           # configs nest a few levels; deeper input would exhaust the parsers' recursion
+MAX_DOC_NODES = 1_000_000    # values after YAML aliases are expanded: caps a "billion laughs" file
+
+def _check_shape(doc, source: str):
+    "Raise `ConfigError` when `doc` nests deeper than `MAX_DOC_DEPTH` or expands to more than `MAX_DOC_NODES` values."
+    stack, nodes = [(doc, 1)], 0
+    while stack:                                            # iterative: a deep or aliased document cannot recurse here
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_DOC_NODES: raise ConfigError(f"{source}: more than {MAX_DOC_NODES:,} values (YAML aliases expand)")
+        if depth > MAX_DOC_DEPTH: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else ()
+        stack.extend((c, depth + 1) for c in children)
+    return doc
+
+def parse_document(text: str, source: str, fmt: str = "yaml"):
+    "Parse `text` (`fmt` 'yaml' or 'json') with size, depth and alias-expansion limits; any failure is one `ConfigError` naming `source`."
+    import json
+    if len(text) > MAX_DOC_BYTES: raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
+    if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
+    try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
+    except json.JSONDecodeError as err: raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{source}: not valid YAML: {getattr(err, 'problem', None) or err}{where}") from None
+    return _check_shape(doc, source)
+
+def read_document(path, fmt: str | None = None):
+    "Read and parse the YAML or JSON file at `path` (format from the suffix unless `fmt`) within `parse_document`'s limits."
+    path = Path(path)
+    if not path.is_file(): raise ConfigError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    if (size := path.stat().st_size) > MAX_DOC_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_DOC_BYTES:,} allowed")
+    try: text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError: raise ConfigError(f"{path}: a binary file, not UTF-8 text") from None
+    return parse_document(text, str(path), fmt or ("json" if path.suffix == ".json" else "yaml"))
 
 # %% ../nbs/00_config.ipynb #f341c0c3
 def _type_name(tp) -> str:
@@ -57,7 +98,7 @@ def _coerce(value, tp, key: str):
         if not isinstance(value, dict): raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
         return from_dict(tp, value, prefix=key + ".")
     if origin in (list, tuple):
-        if isinstance(value, str): value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, str): value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
         if not isinstance(value, (list, tuple)): raise ConfigError(f"{key}: expected a list, got {value!r}")
         item = args[0] if args else typing.Any
         out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -150,8 +191,10 @@ def parse_override(item: str) -> tuple[str, object]:
     key, raw = item.split("=", 1)
     key = key.strip().lstrip("-")
     if not key: raise ConfigError(f"override {item!r} has an empty key")
-    try: value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError: value = raw
+    try: value = parse_document(raw, f"override {key}") if raw.strip() else ""   # aliases and depth bounded too
+    except ConfigError as err:                  # text that is not YAML stays text; a bomb or a binary value fails
+        if "not valid YAML" not in str(err): raise
+        value = raw
     return key, value
 
 def apply_overrides(data: dict, overrides=()) -> dict:
@@ -161,47 +204,6 @@ def apply_overrides(data: dict, overrides=()) -> dict:
     for item in overrides:
         _set_dotted(out, *parse_override(item))
     return out
-
-# %% ../nbs/00_config.ipynb #5afe0002
-MAX_DOC_BYTES = 8 << 20      # a config or config.json is kilobytes; a bigger one is a mistake or an attack
-MAX_DOC_DEPTH = 64           # configs nest a few levels; deeper input would exhaust the parsers' recursion
-MAX_DOC_NODES = 1_000_000    # values after YAML aliases are expanded: caps a "billion laughs" file
-
-def _check_shape(doc, source: str):
-    "Raise `ConfigError` when `doc` nests deeper than `MAX_DOC_DEPTH` or expands to more than `MAX_DOC_NODES` values."
-    stack, nodes = [(doc, 1)], 0
-    while stack:                                            # iterative: a deep or aliased document cannot recurse here
-        node, depth = stack.pop()
-        nodes += 1
-        if nodes > MAX_DOC_NODES: raise ConfigError(f"{source}: more than {MAX_DOC_NODES:,} values (YAML aliases expand)")
-        if depth > MAX_DOC_DEPTH: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels")
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else ()
-        stack.extend((c, depth + 1) for c in children)
-    return doc
-
-def parse_document(text: str, source: str, fmt: str = "yaml"):
-    "Parse `text` (`fmt` 'yaml' or 'json') with size, depth and alias-expansion limits; any failure is one `ConfigError` naming `source`."
-    import json
-    if len(text) > MAX_DOC_BYTES: raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
-    if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
-    try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-    except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
-    except json.JSONDecodeError as err: raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ConfigError(f"{source}: not valid YAML: {getattr(err, 'problem', None) or err}{where}") from None
-    return _check_shape(doc, source)
-
-def read_document(path, fmt: str | None = None):
-    "Read and parse the YAML or JSON file at `path` (format from the suffix unless `fmt`) within `parse_document`'s limits."
-    path = Path(path)
-    if not path.is_file(): raise ConfigError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
-    if (size := path.stat().st_size) > MAX_DOC_BYTES:
-        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_DOC_BYTES:,} allowed")
-    try: text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError: raise ConfigError(f"{path}: a binary file, not UTF-8 text") from None
-    return parse_document(text, str(path), fmt or ("json" if path.suffix == ".json" else "yaml"))
 
 # %% ../nbs/00_config.ipynb #a8b38993
 def load_config(cls, path=None, overrides=()):

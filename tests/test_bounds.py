@@ -9,6 +9,8 @@ from dflash_nb import data as data_mod, evaluate as ev, export as ex, train as t
 from dflash_nb.config import ConfigError, run_cli
 from dflash_nb.trainer import train, last_finite_checkpoint, NonFiniteError
 
+FLOW_BOMB = "[&a0 [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
+    f"&a{k} [{', '.join([f'*a{k - 1}'] * 10)}]" for k in range(1, 8)) + "]"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh"))
 
@@ -29,6 +31,7 @@ def _one_line(capsys, prog: str) -> str:
     ("", ["train.optim.lr=1e400"], "train.optim.lr: must be a finite number, got inf"),
     ("", ["train.optim.weight_decay=.inf"], "train.optim.weight_decay: must be a finite number"),
     ("", ["train.optim.eps=.nan"], "train.optim.eps: must be a finite number"),
+    ("", [f"train.optim.betas={FLOW_BOMB}"], "override train.optim.betas: more than 1,000,000 values"),
     (BOMB, [], "more than 1,000,000 values"),
     ("a: " + "[" * 100 + "]" * 100, [], "nested deeper than 64 levels"),
     ("train: {steps: 3\n", [], "not valid YAML"),
