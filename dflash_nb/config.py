@@ -45,20 +45,23 @@ def _check_shape(doc, source: str):
     while stack:                                            # iterative: a deep or aliased document cannot recurse here
         node, depth = stack.pop()
         nodes += 1
-        if nodes > MAX_DOC_NODES: raise ConfigError(f"{source}: more than {MAX_DOC_NODES:,} values (YAML aliases expand)")
+        if nodes > MAX_DOC_NODES:
+            raise ConfigError(f"{source}: more than {MAX_DOC_NODES:,} values (YAML aliases expand)")
         if depth > MAX_DOC_DEPTH: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else ()
         stack.extend((c, depth + 1) for c in children)
     return doc
 
 def parse_document(text: str, source: str, fmt: str = "yaml"):
-    "Parse `text` (`fmt` 'yaml' or 'json') with size, depth and alias-expansion limits; any failure is one `ConfigError` naming `source`."
+    "Parse `text` (`fmt` 'yaml' or 'json') within the size, depth and alias limits; failures name `source`."
     import json
-    if len(text) > MAX_DOC_BYTES: raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
+    if len(text) > MAX_DOC_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
     if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
     try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
     except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
-    except json.JSONDecodeError as err: raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -66,7 +69,7 @@ def parse_document(text: str, source: str, fmt: str = "yaml"):
     return _check_shape(doc, source)
 
 def read_document(path, fmt: str | None = None):
-    "Read and parse the YAML or JSON file at `path` (format from the suffix unless `fmt`) within `parse_document`'s limits."
+    "Read and parse the YAML or JSON file at `path` (format from its suffix unless `fmt`) within the document limits."
     path = Path(path)
     if not path.is_file(): raise ConfigError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
     if (size := path.stat().st_size) > MAX_DOC_BYTES:
@@ -98,7 +101,8 @@ def _coerce(value, tp, key: str):
         if not isinstance(value, dict): raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
         return from_dict(tp, value, prefix=key + ".")
     if origin in (list, tuple):
-        if isinstance(value, str): value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, str):
+            value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
         if not isinstance(value, (list, tuple)): raise ConfigError(f"{key}: expected a list, got {value!r}")
         item = args[0] if args else typing.Any
         out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -270,7 +274,8 @@ def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
     "Parse `[--config FILE] [key=value ...]` into `cls`; `--help` prints every key with its help and exits."
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(f"usage: {invoked_as('python -m ' + prog)} [--config FILE.yaml] [key=value ...]\n\nkeys:\n{config_help(cls)}")
+        usage = f"usage: {invoked_as('python -m ' + prog)} [--config FILE.yaml] [key=value ...]"
+        print(f"{usage}\n\nkeys:\n{config_help(cls)}")
         raise SystemExit(0)
     path, overrides = None, []
     it = iter(argv)
@@ -297,7 +302,7 @@ _DISK_FULL_TEXTS = ("No space left on device", "os error 28",   # safetensors: "
                     "iostream error", "PytorchStreamWriter failed writing")  # torch.save loses the errno on a full disk
 
 def disk_full(err: BaseException) -> bool:
-    "Whether `err` (or an exception it wraps) is a failed write to a full disk, however the library that wrote wrapped it."
+    "Whether `err` (or an exception it wraps) is a write that failed on a full disk, however the writer wrapped it."
     import errno
     seen = set()
     while err is not None and id(err) not in seen:

@@ -196,7 +196,7 @@ def export_drafter(
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
 def read_exported_config(path):
-    "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError` naming it."
+    "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError`."
     from dflash_nb.config import ConfigError, read_document
     d = read_document(Path(path) / "config.json", "json")   # size, depth and syntax: one line naming the file
     if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []):
@@ -233,7 +233,8 @@ def load_exported_drafter(
     rows, width = embed_tokens.weight.shape
     from dflash_nb.config import ConfigError
     if cfg.vocab_size is not None and rows != cfg.vocab_size:
-        raise ConfigError(f"the target's embedding has {rows} rows, the drafter was trained for vocab_size={cfg.vocab_size}")
+        raise ConfigError(f"the target's embedding has {rows} rows, the drafter was trained for "
+                          f"vocab_size={cfg.vocab_size}")
     if width != cfg.hidden_size:
         raise ConfigError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
     sd = read_safetensors(Path(path) / "model.safetensors")

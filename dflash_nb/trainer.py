@@ -962,18 +962,19 @@ def _available_bytes(device: torch.device) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
-    "The drafter's sizes as plain ints (the run's overrides, an `init_from` config.json's, else the target's) and their source."
+    "The drafter's sizes as ints (the overrides, an `init_from` config.json's, else the target's) and their source."
     hf = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     dims = {k: getattr(hf, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                                "num_key_value_heads", "head_dim", "vocab_size")}
     dims.update(num_hidden_layers=5, block_size=16, num_target_features=5)
     from dflash_nb.config import read_document
     src, prefix = {}, "drafter."
-    if cfg.init_from and Path(cfg.init_from, "config.json").is_file():    # read within limits, before any drafter exists
+    if cfg.init_from and Path(cfg.init_from, "config.json").is_file():    # within limits, before any drafter exists
         d = read_document(Path(cfg.init_from) / "config.json", "json")
         src = d.get("dflash_nb_drafter_config") or d if isinstance(d, dict) else {}
         prefix = f"{Path(cfg.init_from) / 'config.json'} "
-        ids = (src.get("dflash_config") or {}).get("target_layer_ids") if isinstance(src.get("dflash_config"), dict) else None
+        dflash = src.get("dflash_config")
+        ids = dflash.get("target_layer_ids") if isinstance(dflash, dict) else None
         src = {**src, "target_layer_ids": src.get("target_layer_ids", ids)}
     if not src: src = dict(cfg.drafter or {})
     for k, v in src.items():
@@ -992,8 +993,10 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
     act_bytes = 2 if device.type == "cuda" else 4                       # bf16 autocast on GPU, fp32 on CPU
     rows = cfg.max_anchors * B                                          # draft tokens of one packed row
     parts = {   # bytes: the least each part needs; fp32 weights + gradients + two AdamW moments = 16 bytes a parameter
-        f"parameters and AdamW state ({prefix}num_hidden_layers={L}, intermediate_size={I}, hidden_size={H})": 16 * params,
-        f"activations (max_anchors={cfg.max_anchors} x block_size={B} x {prefix}num_hidden_layers={L}, intermediate_size={I})":
+        f"parameters and AdamW state ({prefix}num_hidden_layers={L}, intermediate_size={I}, hidden_size={H})":
+            16 * params,
+        f"activations (max_anchors={cfg.max_anchors} x block_size={B} x {prefix}num_hidden_layers={L}, "
+        f"intermediate_size={I})":
             act_bytes * rows * L * (4 * H + 3 * I) + act_bytes * cfg.max_tokens * L * 2 * kv,
         f"logits chunk (loss_chunk_blocks={cfg.loss_chunk_blocks} x block_size={B} x vocabulary {V})":
             4 * 2 * min(cfg.loss_chunk_blocks, cfg.max_anchors) * B * V,
@@ -1001,7 +1004,8 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
     need, have = sum(parts.values()), _available_bytes(device)
     if need > have:
         worst = max(parts, key=parts.get)
-        raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
+        raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but "
+                          f"{have / _GIB:,.1f} GiB is "
                           f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
 
 # %% ../nbs/08_trainer.ipynb #b0d5e006
@@ -1015,7 +1019,8 @@ def check_token_ids(samples, data_dir, target):
         lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
         if lo is not None and (lo < 0 or hi >= rows):
             bad = hi if hi >= rows else lo
-            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: token id {bad} is outside the target's vocabulary "
+            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: token id {bad} is outside the target's "
+                              f"vocabulary "
                               f"(embedding rows 0..{rows - 1}); tokenize the data with the target's tokenizer")
 
 # %% ../nbs/08_trainer.ipynb #c205f64a
@@ -1028,7 +1033,7 @@ def load_samples(data_dir):
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
 
-_NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in the order it is met
+_NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in order
 
 def _nonfinite_counts(metrics, device) -> torch.Tensor:
     "Steps (or rows) in which each of `_NONFINITE_PARTS` was non-finite: a device tensor on `metrics`, no host sync."
@@ -1041,7 +1046,7 @@ def _weights_finite(params) -> torch.Tensor:
     return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params], float("inf")))).all()
 
 def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
-    "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (what a resume after a blow-up wants)."
+    "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (where to resume after a blow-up)."
     from safetensors import safe_open
     root = Path(ckpt_root)
     dirs = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name)), reverse=True) if root.is_dir() else []
@@ -1462,7 +1467,8 @@ def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
 def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped, total: float) -> dict:
     "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
     if not bool(_weights_finite(run.params)):   # a run whose weights blew up never ends looking like a finished one
-        raise NonFiniteError(f"the drafter's weights are non-finite after step {steps}; {_nonfinite_story(run, metrics)}")
+        story = _nonfinite_story(run, metrics)
+        raise NonFiniteError(f"the drafter's weights are non-finite after step {steps}; {story}")
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,

@@ -8,7 +8,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _trainer_common import cpu_load, REPO
 
-TESTS = ["tests/test_trainer.py::test_exact_resume_after_sigkill", "tests/test_trainer.py::test_two_gloo_ranks_equal_one_rank"]
+TESTS = ["tests/test_trainer.py::test_exact_resume_after_sigkill",
+         "tests/test_trainer.py::test_two_gloo_ranks_equal_one_rank"]
 
 if __name__ == "__main__":
     repeat, failed = int(sys.argv[1]) if len(sys.argv) > 1 else 5, 0

@@ -98,7 +98,8 @@ def test_init_from_cli_names_the_field(tmp_path, data, published):
 
 
 @pytest.mark.parametrize("edit,words", [
-    (lambda c: json.dumps({**c, "intermediate_size": 10 ** 10}), "config.json num_hidden_layers=2, intermediate_size=10000000000"),
+    (lambda c: json.dumps({**c, "intermediate_size": 10 ** 10}),
+     "config.json num_hidden_layers=2, intermediate_size=10000000000"),
     (lambda c: json.dumps({**c, "num_hidden_layers": 10 ** 9}), "config.json num_hidden_layers=1000000000"),
     (lambda c: "[" * 50_000 + "]" * 50_000, "config.json: nested deeper than 64 levels"),
     (lambda c: "{bad", "config.json: not valid JSON"),
