@@ -9,9 +9,10 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['ExpectedError', 'ConfigError', 'opt', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'run_cli', 'CliParser',
-           'scratch_dir']
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
+           'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
+           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as', 'disk_full', 'run_cli',
+           'CliParser', 'scratch_dir']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -32,6 +33,50 @@ def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, key
         return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
     return field(default=default, metadata=meta)
 
+
+# %% ../nbs/00_config.ipynb #5afe0002
+MAX_DOC_BYTES = 8 << 20      # a config or config.json is kilobytes; a bigger one is a mistake or an attack
+MAX_DOC_DEPTH = 64           # configs nest a few levels; deeper input would exhaust the parsers' recursion
+MAX_DOC_NODES = 1_000_000    # values after YAML aliases are expanded: caps a "billion laughs" file
+
+def _check_shape(doc, source: str):
+    "Raise `ConfigError` when `doc` nests deeper than `MAX_DOC_DEPTH` or expands to more than `MAX_DOC_NODES` values."
+    stack, nodes = [(doc, 1)], 0
+    while stack:                                            # iterative: a deep or aliased document cannot recurse here
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_DOC_NODES:
+            raise ConfigError(f"{source}: more than {MAX_DOC_NODES:,} values (YAML aliases expand)")
+        if depth > MAX_DOC_DEPTH: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, (list, tuple)) else ()
+        stack.extend((c, depth + 1) for c in children)
+    return doc
+
+def parse_document(text: str, source: str, fmt: str = "yaml"):
+    "Parse `text` (`fmt` 'yaml' or 'json') within the size, depth and alias limits; failures name `source`."
+    import json
+    if len(text) > MAX_DOC_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
+    if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
+    try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ConfigError(f"{source}: not valid YAML: {getattr(err, 'problem', None) or err}{where}") from None
+    return _check_shape(doc, source)
+
+def read_document(path, fmt: str | None = None):
+    "Read and parse the YAML or JSON file at `path` (format from its suffix unless `fmt`) within the document limits."
+    path = Path(path)
+    if not path.is_file(): raise ConfigError(f"{path} does not exist" if not path.exists() else f"{path} is not a file")
+    if (size := path.stat().st_size) > MAX_DOC_BYTES:
+        raise ConfigError(f"{path}: {size:,} bytes, more than the {MAX_DOC_BYTES:,} allowed")
+    try: text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError: raise ConfigError(f"{path}: a binary file, not UTF-8 text") from None
+    return parse_document(text, str(path), fmt or ("json" if path.suffix == ".json" else "yaml"))
 
 # %% ../nbs/00_config.ipynb #f341c0c3
 def _type_name(tp) -> str:
@@ -56,7 +101,8 @@ def _coerce(value, tp, key: str):
         if not isinstance(value, dict): raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
         return from_dict(tp, value, prefix=key + ".")
     if origin in (list, tuple):
-        if isinstance(value, str): value = yaml.safe_load(value) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, str):
+            value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
         if not isinstance(value, (list, tuple)): raise ConfigError(f"{key}: expected a list, got {value!r}")
         item = args[0] if args else typing.Any
         out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
@@ -106,7 +152,8 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
 
 def _out_of_range(x, m: dict) -> str | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)): return None
-    if isinstance(x, float) and math.isnan(x) and m.keys() & {"min", "max", "gt"}: return "must be a number"
+    # every float: inf or nan is never a setting (an inf lr or weight decay would train straight to nan)
+    if isinstance(x, float) and not math.isfinite(x): return "must be a finite number"
     if "gt" in m and not x > m["gt"]: return f"must be > {m['gt']}"
     if "min" in m and not x >= m["min"]: return f"must be >= {m['min']}"
     if "max" in m and not x <= m["max"]: return f"must be <= {m['max']}"
@@ -156,8 +203,10 @@ def parse_override(item: str) -> tuple[str, object]:
     key, raw = item.split("=", 1)
     key = key.strip().lstrip("-")
     if not key: raise ConfigError(f"override {item!r} has an empty key")
-    try: value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError: value = raw
+    try: value = parse_document(raw, f"override {key}") if raw.strip() else ""   # aliases and depth bounded too
+    except ConfigError as err:                  # text that is not YAML stays text; a bomb or a binary value fails
+        if "not valid YAML" not in str(err): raise
+        value = raw
     return key, value
 
 def apply_overrides(data: dict, overrides=()) -> dict:
@@ -175,7 +224,7 @@ def load_config(cls, path=None, overrides=()):
     if path is not None:
         path = Path(path)
         if not path.exists(): raise ConfigError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = read_document(path, "yaml") or {}
         if not isinstance(data, dict): raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return from_dict(cls, apply_overrides(data, overrides))
 
@@ -233,7 +282,8 @@ def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
     "Parse `[--config FILE] [key=value ...]` into `cls`; `--help` prints every key with its help and exits."
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        print(f"usage: python -m {prog} [--config FILE.yaml] [key=value ...]\n\nkeys:\n{config_help(cls)}")
+        usage = f"usage: {invoked_as('python -m ' + prog)} [--config FILE.yaml] [key=value ...]"
+        print(f"{usage}\n\nkeys:\n{config_help(cls)}")
         raise SystemExit(0)
     path, overrides = None, []
     it = iter(argv)
@@ -251,15 +301,41 @@ def error_line(err: BaseException) -> str:
         msg = f"{err.filename}: {err.strerror}"
     return " ".join((msg or type(err).__name__).split())
 
+def invoked_as(prog: str) -> str:
+    "`prog` as the user started it: the console script's name (`dflash-train`) when run through one, else `prog`."
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return script if script.startswith("dflash-") else prog
+
+_DISK_FULL_TEXTS = ("No space left on device", "os error 28",   # safetensors: "I/O error: ... (os error 28)"
+                    "iostream error", "PytorchStreamWriter failed writing")  # torch.save loses the errno on a full disk
+
+def disk_full(err: BaseException) -> bool:
+    "Whether `err` (or an exception it wraps) is a write that failed on a full disk, however the writer wrapped it."
+    import errno
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC: return True
+        if any(t in str(err) for t in _DISK_FULL_TEXTS): return True
+        err = err.__cause__ or err.__context__
+    return False
+
 def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
     "Exit code of `main(argv)` (0 unless it returns an int): expected failures print `prog: error: <one line>` and give 2; bugs raise; `--debug` also prints tracebacks."
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
+    prog = invoked_as(prog)
     try: rc = main(argv)
-    except (ExpectedError, OSError, *expected) as err:
+    except Exception as err:
+        full = disk_full(err)
+        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, *expected)): raise   # a bug
         if debug: traceback.print_exc()
-        print(f"{prog}: error: {error_line(err)}", file=sys.stderr)
+        line = error_line(err)
+        # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
+        if full: line = (f"no space left on device ({line}); files written before are intact: free space and run again "
+                         "(train.resume=auto continues from the last checkpoint)")
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
@@ -267,6 +343,9 @@ import argparse
 
 class CliParser(argparse.ArgumentParser):
     "An `ArgumentParser` whose usage errors (unknown flag, missing argument, bad choice) are a `ConfigError`: one line from `run_cli`, exit 2."
+    def __init__(self, *args, prog: str | None = None, **kwargs):
+        super().__init__(*args, prog=invoked_as(prog) if prog else None, **kwargs)
+
     def error(self, message):
         raise ConfigError(f"{message} (see --help)")
 

@@ -1123,8 +1123,8 @@ def _main(argv: list) -> int:
              "max_degenerate_fraction": args.max_degenerate_fraction, "max_malformed_fraction": args.max_malformed_fraction,
              "force": args.force, "replace": args.replace, "all_turns": args.all_turns}
     if args.chat_template_kwargs is not None:
-        try: kw = json.loads(args.chat_template_kwargs)
-        except ValueError as err: raise ConfigError(f"--chat-template-kwargs: not JSON ({err})") from None
+        from .config import parse_document
+        kw = parse_document(args.chat_template_kwargs, "--chat-template-kwargs", "json")   # size and depth limits too
         if not isinstance(kw, dict): raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
         flags["chat_template_kwargs"] = {**cfg.chat_template_kwargs, **kw}
     cfg = validate_config(dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}))

@@ -1039,8 +1039,9 @@ def _stop_ids(model, tokenizer=None) -> list[int]:
     return sorted(ids)
 
 def _json_dict(text: str, flag: str) -> dict:
-    try: d = json.loads(text)
-    except json.JSONDecodeError as e: raise PromptFileError(f"{flag}: not JSON ({e.msg})") from None
+    from dflash_nb.config import ConfigError, parse_document
+    try: d = parse_document(text, flag, "json")              # size and depth limits too
+    except ConfigError as e: raise PromptFileError(str(e)) from None
     if not isinstance(d, dict): raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
     return d
 
@@ -1082,13 +1083,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--show-drafts", type=int, default=0, metavar="N",
                     help="print N continuations (held-out or first prompt file), accepted drafts in [brackets]")
     a = ap.parse_args(argv)
+    from dflash_nb.config import ConfigError
+    for flag, low in (("max_new_tokens", 1), ("num_samples", 0), ("block_size", 1), ("chunk", 1), ("speculative", 0),
+                      ("measure_speedup", 0), ("top_k", 0)):
+        if (v := getattr(a, flag)) is not None and v < low:
+            raise ConfigError(f"--{flag.replace('_', '-')}: must be >= {low}, got {v}")
     try:
         for T in a.temperature: check_sampling(T, a.top_p, a.top_k)
         if a.prompts:
             kwargs = _json_dict(a.chat_template_kwargs, "--chat-template-kwargs")
             convs = read_prompt_specs(a.prompts, a.max_prompts, a.max_record_bytes)
-    except (PromptFileError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr); raise SystemExit(2)
+    except (PromptFileError, ValueError) as e:   # run_cli prints it: one line, exit 2
+        raise ConfigError(str(e)) from e
     model = load_target_spec(a.target, a.device, a.dtype)
     drafter = load_drafter_dir(a.drafter, model)
     B = a.block_size or drafter.config.block_size
@@ -1193,6 +1199,7 @@ def _main_data(a, model, drafter, B) -> dict:
 
 def cli():
     "Console script `dflash-eval` (same as `python -m dflash_nb.evaluate`): expected failures are one line and exit 2; the result dict is not the exit status."
-    from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.evaluate"))
+    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks)
+    from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError,)))
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

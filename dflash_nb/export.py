@@ -204,11 +204,28 @@ def export_drafter(
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
 def read_exported_config(path):
-    "The `DrafterConfig` recorded in an exported directory's config.json."
-    d = json.loads((Path(path) / "config.json").read_text())
-    if SERVING_ARCH not in d.get("architectures", []):
-        raise ValueError(f"{path}/config.json is not a {SERVING_ARCH} (architectures: {d.get('architectures')})")
-    return drafter_config_from_serving(d)
+    "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError`."
+    from dflash_nb.config import ConfigError, read_document
+    d = read_document(Path(path) / "config.json", "json")   # size, depth and syntax: one line naming the file
+    if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []):
+        archs = d.get("architectures") if isinstance(d, dict) else type(d).__name__
+        raise ConfigError(f"{path}/config.json is not a {SERVING_ARCH} (architectures: {archs})")
+    try: return drafter_config_from_serving(d)
+    except ConfigError as e: raise ConfigError(f"{path}/config.json: {e}") from e
+    except (KeyError, TypeError, ValueError) as e:          # a field missing or of the wrong kind in a hand-edited file
+        raise ConfigError(f"{path}/config.json does not describe a drafter: {type(e).__name__}: {e}") from e
+
+def _check_shapes(sd: dict, cfg):
+    "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
+    from dflash_nb.model import DFlashDrafter
+    with torch.device("meta"):
+        ref = DFlashDrafter(cfg, nn.Identity(), nn.Identity()).state_dict()
+    missing, extra = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
+    wrong = [k for k in ref if k in sd and tuple(ref[k].shape) != tuple(sd[k].shape)]
+    if missing or extra or wrong:
+        from dflash_nb.config import ConfigError
+        raise ConfigError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
+                         f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
 
 def load_exported_drafter(
     path,                 # an exported directory (config.json + model.safetensors)
@@ -222,11 +239,15 @@ def load_exported_drafter(
     from dflash_nb.model import DFlashDrafter
     cfg = read_exported_config(path)
     rows, width = embed_tokens.weight.shape
+    from dflash_nb.config import ConfigError
     if cfg.vocab_size is not None and rows != cfg.vocab_size:
-        raise ValueError(f"the target's embedding has {rows} rows, the drafter was trained for vocab_size={cfg.vocab_size}")
+        raise ConfigError(f"the target's embedding has {rows} rows, the drafter was trained for "
+                          f"vocab_size={cfg.vocab_size}")
     if width != cfg.hidden_size:
-        raise ValueError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
+        raise ConfigError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
     sd = read_safetensors(Path(path) / "model.safetensors")
+    try: _check_shapes(sd, cfg)                              # before any copy: names and shapes against config.json
+    except ConfigError as e: raise ConfigError(f"{path}: model.safetensors does not fit config.json: {e}") from e
     dtype = dtype or next(iter(sd.values())).dtype
     device = device or embed_tokens.weight.device
     drafter = DFlashDrafter(cfg, embed_tokens, lm_head)
@@ -247,15 +268,14 @@ def _target_hf_config(tc):
 def checkpoint_drafter_config(ckpt):
     "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config (target config + overrides + tokenizer)."
     from types import SimpleNamespace
-    from dflash_nb.config import load_config, from_dict
+    from dflash_nb.config import load_config, from_dict, read_document
     from dflash_nb.model import DrafterConfig
     from dflash_nb.trainer import TrainConfig, drafter_config, tokenizer_dir
     from dflash_nb.data import load_tokenizer
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):
         if (d / name).exists():
-            import yaml
-            return from_dict(DrafterConfig, yaml.safe_load((d / name).read_text())).validate()
+            return from_dict(DrafterConfig, read_document(d / name)).validate()
     cfg = load_config(TrainConfig, d / "config.yaml")
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
@@ -266,17 +286,6 @@ def checkpoint_weights(d: Path) -> dict:
     for name in ("drafter.safetensors", "model.safetensors"):
         if (d / name).exists(): return read_safetensors(d / name)
     raise FileNotFoundError(f"{d}: no drafter.safetensors or model.safetensors")
-
-def _check_shapes(sd: dict, cfg):
-    "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
-    from dflash_nb.model import DFlashDrafter
-    with torch.device("meta"):
-        ref = DFlashDrafter(cfg, nn.Identity(), nn.Identity()).state_dict()
-    missing, extra = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
-    wrong = [k for k in ref if k in sd and tuple(ref[k].shape) != tuple(sd[k].shape)]
-    if missing or extra or wrong:
-        raise ValueError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
-                         f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
 
 def export_checkpoint(
     checkpoint,            # a trainer checkpoint dir, or a run / checkpoints dir (its `latest`)
@@ -311,7 +320,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try: out = export_checkpoint(a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite,
                                with_modeling_code=a.with_modeling_code)
-    except (FileExistsError, FileNotFoundError, ValueError) as e: print(f"error: {e}", file=sys.stderr); raise SystemExit(2)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:   # run_cli prints it: one line, exit 2
+        raise ExpectedError(str(e)) from e
     cfg = json.loads((out / "config.json").read_text())
     print(f"exported {a.checkpoint} -> {out} ({cfg['num_hidden_layers']} layers, block_size {cfg['block_size']}, "
           f"target layers {cfg['dflash_config']['target_layer_ids']}, mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})")

@@ -22,9 +22,10 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
-           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
-           'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
-           'train_step', 'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
+           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
+           'check_token_ids', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'pick_backend', 'Run',
+           'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
+           'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -281,6 +282,9 @@ class FeatureProducer:
         self.recv_stream = torch.cuda.Stream(drafter_device) if split and drafter_device.type == "cuda" else None
         self.target_clock, self.copy_clock = Stopwatch(target_device), Stopwatch(target_device)
         self.bytes, self.threaded = 0, threaded
+        # a new thread starts with the process default of intra-op threads, not the caller's torch.set_num_threads;
+        # CPU reductions split by thread count, so the producer adopts the caller's to give the inline results
+        self.intra_op_threads = torch.get_num_threads()
         self.q, self.stop_flag, self.thread = queue.Queue(maxsize=max(1, depth)), threading.Event(), None
         if threaded:
             self.thread = threading.Thread(target=self._run, name="target-producer", daemon=True)
@@ -314,6 +318,7 @@ class FeatureProducer:
         return b
 
     def _run(self):
+        torch.set_num_threads(self.intra_op_threads)
         try:
             for step, micro in self.order:
                 item = self.produce(step, micro)
@@ -905,6 +910,7 @@ def warm_start_config(init_dir,                 # a serving-format drafter direc
     if not (init_dir / "config.json").is_file() or not (init_dir / "model.safetensors").is_file():
         raise ConfigError(f"init_from={init_dir}: expected a drafter directory with config.json and model.safetensors")
     try: theirs = read_exported_config(init_dir)
+    except ConfigError as e: raise ConfigError(f"init_from: {e}") from None    # its message names the file already
     except (ValueError, KeyError, TypeError) as e: raise ConfigError(f"init_from={init_dir}/config.json: {e}") from None
     hf = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
     if theirs.hidden_size != hf.hidden_size:
@@ -944,6 +950,79 @@ def load_warm_start(drafter, init_dir) -> int:
     drafter.load_trainable_state_dict({k: v.to(device=dev, dtype=mine[k].dtype) for k, v in sd.items()})
     return len(sd)
 
+# %% ../nbs/08_trainer.ipynb #b0d5e002
+_GIB = 1 << 30
+
+def _available_bytes(device: torch.device) -> int:
+    "Memory a new allocation can still get: free device memory on CUDA, available host RAM on CPU."
+    if device.type == "cuda": return torch.cuda.mem_get_info(device)[0]
+    with contextlib.suppress(OSError, ValueError, StopIteration):   # Linux: MemAvailable counts reclaimable cache
+        line = next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
+    "The drafter's sizes as ints (the overrides, an `init_from` config.json's, else the target's) and their source."
+    hf = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    dims = {k: getattr(hf, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
+                                               "num_key_value_heads", "head_dim", "vocab_size")}
+    dims.update(num_hidden_layers=5, block_size=16, num_target_features=5)
+    from dflash_nb.config import read_document
+    src, prefix = {}, "drafter."
+    if cfg.init_from and Path(cfg.init_from, "config.json").is_file():    # within limits, before any drafter exists
+        d = read_document(Path(cfg.init_from) / "config.json", "json")
+        src = d.get("dflash_nb_drafter_config") or d if isinstance(d, dict) else {}
+        prefix = f"{Path(cfg.init_from) / 'config.json'} "
+        dflash = src.get("dflash_config")
+        ids = dflash.get("target_layer_ids") if isinstance(dflash, dict) else None
+        src = {**src, "target_layer_ids": src.get("target_layer_ids", ids)}
+    if not src: src = dict(cfg.drafter or {})
+    for k, v in src.items():
+        if k in dims and isinstance(v, int) and not isinstance(v, bool): dims[k] = v
+    if isinstance(src.get("target_layer_ids"), list): dims["num_target_features"] = len(src["target_layer_ids"])
+    dims["head_dim"] = dims["head_dim"] or dims["hidden_size"] // max(1, dims["num_attention_heads"] or 1)
+    return dims, prefix
+
+def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
+    """Refuse (`ConfigError`, one line naming the keys) a drafter whose parameters, AdamW state, activations or logits
+    chunk cannot fit in `device`'s available memory; a lower bound from the config alone, checked before allocating."""
+    d, prefix = _drafter_dims(cfg, target)
+    H, I, L, B, V = d["hidden_size"], d["intermediate_size"], d["num_hidden_layers"], d["block_size"], d["vocab_size"]
+    q, kv = d["num_attention_heads"] * d["head_dim"], d["num_key_value_heads"] * d["head_dim"]
+    params = L * (2 * H * q + 2 * H * kv + 3 * H * I) + d["num_target_features"] * H * H
+    act_bytes = 2 if device.type == "cuda" else 4                       # bf16 autocast on GPU, fp32 on CPU
+    rows = cfg.max_anchors * B                                          # draft tokens of one packed row
+    parts = {   # bytes: the least each part needs; fp32 weights + gradients + two AdamW moments = 16 bytes a parameter
+        f"parameters and AdamW state ({prefix}num_hidden_layers={L}, intermediate_size={I}, hidden_size={H})":
+            16 * params,
+        f"activations (max_anchors={cfg.max_anchors} x block_size={B} x {prefix}num_hidden_layers={L}, "
+        f"intermediate_size={I})":
+            act_bytes * rows * L * (4 * H + 3 * I) + act_bytes * cfg.max_tokens * L * 2 * kv,
+        f"logits chunk (loss_chunk_blocks={cfg.loss_chunk_blocks} x block_size={B} x vocabulary {V})":
+            4 * 2 * min(cfg.loss_chunk_blocks, cfg.max_anchors) * B * V,
+    }
+    need, have = sum(parts.values()), _available_bytes(device)
+    if need > have:
+        worst = max(parts, key=parts.get)
+        raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but "
+                          f"{have / _GIB:,.1f} GiB is "
+                          f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
+
+# %% ../nbs/08_trainer.ipynb #b0d5e006
+def check_token_ids(samples, data_dir, target):
+    "Refuse (`ConfigError` naming the shard) token ids outside the target's embedding rows, before any batch is built."
+    import pyarrow.compute as pc
+    rows = target.get_input_embeddings().weight.shape[0]
+    for table, shard in zip(samples.tables, samples.manifest["shards"]):   # one vectorised pass over the memory map
+        if not table.num_rows: continue
+        ids = pc.list_flatten(table.column("input_ids"))
+        lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
+        if lo is not None and (lo < 0 or hi >= rows):
+            bad = hi if hi >= rows else lo
+            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: token id {bad} is outside the target's "
+                              f"vocabulary "
+                              f"(embedding rows 0..{rows - 1}); tokenize the data with the target's tokenizer")
+
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, indexable (`ds[i]` → dict with input_ids, loss_mask), with `.lengths`."
@@ -953,6 +1032,29 @@ def load_samples(data_dir):
 # %% ../nbs/08_trainer.ipynb #1fcfb465
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
+
+_NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in order
+
+def _nonfinite_counts(metrics, device) -> torch.Tensor:
+    "Steps (or rows) in which each of `_NONFINITE_PARTS` was non-finite: a device tensor on `metrics`, no host sync."
+    if getattr(metrics, "nonfinite_parts", None) is None: metrics.nonfinite_parts = torch.zeros(4, device=device)
+    return metrics.nonfinite_parts
+
+def _weights_finite(params) -> torch.Tensor:
+    "Device bool: every parameter finite (one fused pass, like the gradient clip's)."
+    # the max-abs norm: an L2 norm of large finite weights (1e30) overflows to inf and would look non-finite
+    return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params], float("inf")))).all()
+
+def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
+    "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (where to resume after a blow-up)."
+    from safetensors import safe_open
+    root = Path(ckpt_root)
+    dirs = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name)), reverse=True) if root.is_dir() else []
+    for d in dirs:
+        with contextlib.suppress(Exception):   # an unreadable one is not a good one
+            with safe_open(str(d / "drafter.safetensors"), "pt") as f:
+                if all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys()): return d
+    return None
 
 def _autocast(cfg: TrainConfig, device: torch.device):
     if cfg.amp == "off" or (cfg.amp == "auto" and device.type != "cuda"): return contextlib.nullcontext()
@@ -1104,6 +1206,8 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     target = build_target(cfg.target, tdev) if target is None else target.to(tdev).eval().requires_grad_(False)
+    check_drafter_memory(cfg, target, ddev)   # sizes that cannot fit: one line, before any drafter tensor exists
+    check_token_ids(samples, cfg.data_dir, target)
     if cfg.init_from: dcfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
     else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
@@ -1269,12 +1373,16 @@ def train_step(run: Run, producer: FeatureProducer, metrics: "Metrics", drafter_
             loss = out.loss * float("nan") if nan_loss else out.loss
             (loss / accum).backward()
         drafter_clock.stop(t)
+        seen = _nonfinite_counts(metrics, run.ddev)   # what went non-finite, for the message when the run stops
+        seen[0] += ~torch.isfinite(b.features).all(); seen[1] += ~torch.isfinite(loss.detach())
         metrics.add_micro(loss, out.slot_correct, out.slot_count, b.n_tokens, b.n_loss_tokens, accum)
     gnorm = torch.nn.utils.clip_grad_norm_(run.params, cfg.optim.clip, foreach=True)
     bad = ~torch.isfinite(gnorm)
     if _skip_if(run.optimizer, bad, run.fused): run.optimizer.step()
     run.scheduler.step(); run.optimizer.zero_grad(set_to_none=True)
-    metrics.add_step(gnorm, bad)
+    weights_bad = ~_weights_finite(run.params)    # a finite step can still overflow the weights (a huge lr or decay)
+    seen[2] += bad; seen[3] += weights_bad
+    metrics.add_step(gnorm, bad | weights_bad)
 
 # %% ../nbs/08_trainer.ipynb #2f84ba67
 def log_interval(run: Run, metrics: "Metrics", producer: FeatureProducer, drafter_clock: Stopwatch, done: int, start: int,
@@ -1384,7 +1492,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
                 last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start); history.append(last)
                 run.log.show(last)
                 if cost is None: cost = _report_cost(run, last, done)   # what the whole run will cost, once measured
-                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last)
+                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last, metrics)
                 # sync: one rank's SIGTERM stops every rank after this same step (the flag is all-reduced here, where we sync anyway)
                 if run.distributed: preempt.agree(run.ddev)
             # sync: a checkpoint reads the non-finite counter (no checkpoint after too many bad steps) and gathers the RNGs
@@ -1418,15 +1526,31 @@ def _record_backend(run: Run):
            "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write_atomic(p, json.dumps(rec, indent=2))
 
-def _too_many_nonfinite(run: Run, rec: dict):
-    "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
-    ckpt_root, cfg = run.ckpt_root, run.cfg
+def _nonfinite_story(run: Run, metrics=None) -> str:
+    "What went non-finite (features, loss, gradients, weights: in how many steps) and the checkpoint to go back to."
+    counts = getattr(metrics, "nonfinite_parts", None)
+    units = ("rows", "rows", "steps", "steps")     # features and loss are seen per row, gradients and weights per step
+    what = ", ".join(f"{n} in {int(c)} {u}" for n, c, u in zip(_NONFINITE_PARTS, counts.tolist(), units) if c) \
+        if counts is not None else ""
+    good = last_finite_checkpoint(run.ckpt_root)
+    latest = resolve_checkpoint(run.ckpt_root) if (run.ckpt_root / "latest").exists() else None
+    where = f"the last checkpoint with finite weights is {good or 'none'}"
+    if latest is not None and good is not None and latest.resolve() != good.resolve():
+        where += f" (latest, {latest.name}, holds non-finite weights: resume from {good})"
+    return f"non-finite {what or 'values'}; {where}"
+
+def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
+    "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
+    cfg = run.cfg
     raise NonFiniteError(f"{rec['nonfinite_worst_run']} non-finite steps in a row (max_nonfinite={cfg.max_nonfinite}); "
-                         f"stopping; the last good checkpoint is {resolve_checkpoint(ckpt_root) if (ckpt_root / 'latest').exists() else 'none'}")
+                         f"stopping; {_nonfinite_story(run, metrics)}")
 
 def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, start: int, steps: int, stopped,
              total: float, cost: Optional[dict] = None) -> dict:   # cost: the projection after the first interval
     "The run summary (rank 0 writes summary.json and prints it); raises when the final checkpoint did not reach S3."
+    if not bool(_weights_finite(run.params)):   # a run whose weights blew up never ends looking like a finished one
+        story = _nonfinite_story(run, metrics)
+        raise NonFiniteError(f"the drafter's weights are non-finite after step {steps}; {story}")
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,

@@ -1,7 +1,7 @@
 """Shared helpers of the trainer tests: a small real tokenized data set, a tiny run config, subprocess runs."""
-import json, os, subprocess, sys, dataclasses
+import contextlib, json, multiprocessing, os, subprocess, sys, dataclasses
 from pathlib import Path
-import yaml
+import torch, yaml
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,8 +48,11 @@ def write_run_config(path, train: dict) -> Path:
     return path
 
 
+SUBPROCESS_THREADS = 1   # intra-op threads of every subprocess run; in-process references compared bitwise use it too
+
+
 def env(**extra):
-    e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **extra}
+    e = {**os.environ, "OMP_NUM_THREADS": str(SUBPROCESS_THREADS), "PYTHONUNBUFFERED": "1", **extra}
     e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
@@ -80,3 +83,35 @@ def weights(ckpt_dir) -> dict:
 def latest(run_dir) -> Path:
     root = Path(run_dir) / "checkpoints"
     return root / (root / "latest").read_text().strip()
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int):
+    "Run the body with `n` torch intra-op threads (what `OMP_NUM_THREADS=n` gives a subprocess), restored after."
+    # CPU reductions split their work by thread count, so bitwise equality holds only between runs with the same count
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(before)
+
+
+def _burn(stop):
+    "Spin until `stop` is set: a process that keeps one core busy."
+    x = 0
+    while not stop.is_set():
+        for i in range(100_000): x += i
+
+
+@contextlib.contextmanager
+def cpu_load(n: int | None = None):
+    "Keep `n` (default: every core) CPU-burning processes running for the duration of the body."
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    procs = [ctx.Process(target=_burn, args=(stop,), daemon=True) for _ in range(n or os.cpu_count())]
+    for p in procs: p.start()
+    try: yield procs
+    finally:
+        stop.set()
+        for p in procs:
+            p.join(5)
+            if p.is_alive(): p.kill()

@@ -80,13 +80,13 @@ def test_console_scripts_installed_help_and_bad_flag(script, tmp_path):
     "`make install` (pip install -e .) puts the four command lines next to python: --help exits 0, an unknown flag is one line and exit 2."
     exe = Path(sys.executable).parent / script
     assert exe.is_file(), f"{exe} missing: settings.ini console_scripts -> setup.py entry_points (rerun make install)"
-    prog, bad, shown = SCRIPTS[script]
+    _, bad, shown = SCRIPTS[script]
     r = subprocess.run([str(exe), "--help"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
-    assert r.returncode == 0 and r.stdout.startswith("usage:") and r.stderr == "", r.stderr
+    assert r.returncode == 0 and r.stdout.startswith(f"usage: {script} ") and r.stderr == "", r.stderr  # named as typed
     assert shown in r.stdout and "fault." not in r.stdout and "TEST ONLY" not in r.stdout, r.stdout
     r = subprocess.run([str(exe), *bad], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stdout == "", (r.stdout, r.stderr)
-    assert r.stderr.startswith(f"{prog}: error: ") and "--bogus" in r.stderr, r.stderr
+    assert r.stderr.startswith(f"{script}: error: ") and "--bogus" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []                          # refused before anything was written
 
 

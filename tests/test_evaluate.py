@@ -411,7 +411,8 @@ def test_cli_prompts(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
     r = subprocess.run(base + ["--prompts", str(bad)], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}:2: no prompt or messages field", r.stderr
+    want = f"dflash_nb.evaluate: error: {bad}:2: no prompt or messages field"
+    assert r.returncode == 2 and r.stderr.strip() == want, r.stderr
 
 
 def test_bf16_target_with_fp32_drafter(world):

@@ -5,6 +5,7 @@ import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from _trainer_common import (make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO)
+from _trainer_common import intra_op_threads, SUBPROCESS_THREADS
 from dflash_nb.trainer import train, NonFiniteError, resolve_checkpoint, load_checkpoint, load_rngs, RowStream, rank_row
 
 
@@ -55,7 +56,8 @@ def test_data_order_one_rank_equals_two():
 
 def test_two_gloo_ranks_equal_one_rank(tmp_path, data_dir):
     "torchrun with 2 gloo ranks × 2 rows == 1 rank × 4 rows: same losses and same weights after N steps."
-    one = train(train_cfg(tmp_path / "one", data_dir, steps=4, global_batch=4))
+    with intra_op_threads(SUBPROCESS_THREADS):         # bitwise-close needs the subprocesses' thread count
+        one = train(train_cfg(tmp_path / "one", data_dir, steps=4, global_batch=4))
     cfg = write_run_config(tmp_path / "two.yaml", train_dict(tmp_path / "two", data_dir, steps=4, global_batch=4))
     p = run_module(cfg, torchrun=2, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -71,7 +73,8 @@ def test_two_gloo_ranks_equal_one_rank(tmp_path, data_dir):
 def test_exact_resume_after_sigkill(tmp_path, data_dir):
     "N steps straight == N/2 steps, SIGKILL (real subprocess), resume, N/2 steps: same losses, same weights, same optimizer."
     N = 6
-    straight = train(train_cfg(tmp_path / "straight", data_dir, steps=N, checkpoint={"every": N // 2}))
+    with intra_op_threads(SUBPROCESS_THREADS):        # bitwise equality needs the subprocesses' thread count
+        straight = train(train_cfg(tmp_path / "straight", data_dir, steps=N, checkpoint={"every": N // 2}))
     cfg = write_run_config(tmp_path / "k.yaml", train_dict(tmp_path / "killed", data_dir, steps=N, checkpoint={"every": N // 2},
                                                          fault={"sigkill_at_step": N // 2 + 1}))
     p = run_module(cfg)

@@ -95,3 +95,21 @@ def test_init_from_cli_names_the_field(tmp_path, data, published):
     assert r.returncode != 0
     assert "init_from" in r.stderr and "drafter.intermediate_size is 64 in this run but 96" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda c: json.dumps({**c, "intermediate_size": 10 ** 10}),
+     "config.json num_hidden_layers=2, intermediate_size=10000000000"),
+    (lambda c: json.dumps({**c, "num_hidden_layers": 10 ** 9}), "config.json num_hidden_layers=1000000000"),
+    (lambda c: "[" * 50_000 + "]" * 50_000, "config.json: nested deeper than 64 levels"),
+    (lambda c: "{bad", "config.json: not valid JSON"),
+])
+def test_init_from_config_json_bounded(tmp_path, data, published, edit, words):
+    "A published config.json with absurd sizes, hostile nesting or broken syntax: one ConfigError naming the file, "
+    "before any drafter tensor is allocated."
+    import shutil
+    src = tmp_path / "drafter"
+    shutil.copytree(published[0], src)
+    (src / "config.json").write_text(edit(json.loads((src / "config.json").read_text())))
+    with pytest.raises(ConfigError) as e: train(_cfg(tmp_path, data, init_from=str(src), drafter={}))
+    assert words in str(e.value) and str(src / "config.json") in str(e.value), str(e.value)
