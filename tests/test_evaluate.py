@@ -614,7 +614,7 @@ def test_cli_show_drafts(tmp_path, capsys):
     res = eval_main(base + ["--prompts", str(PROMPTS / "math.jsonl"), "--temperature", "1"])
     assert res["drafts"].count("--- sample ") == 2 and "drafts at temperature 1" in capsys.readouterr().out
 # ---------------------------------------------------------------- benchmark files as people have them
-from dflash_nb.evaluate import read_prompt_specs, MultiTurn, answer_turns, detect_prompt_format
+from dflash_nb.evaluate import read_prompt_specs, MultiTurn, answer_turns, detect_prompt_format, cli
 import pyarrow as pa, pyarrow.parquet as pq
 
 # one record in each benchmark's published shape (the fields its public copies carry), reference answers included
@@ -775,7 +775,7 @@ def test_mtbench_answers_turn_by_turn(world, tmp_path):
     assert again[1.0]["tau"] == res[1.0]["tau"] and again[1.0]["turns"] == 3   # one seeded generator per prompt
 
 
-def test_cli_benchmark_files(tmp_path, capsys):
+def test_cli_benchmark_files(tmp_path, capsys, monkeypatch):
     "`--prompts gsm8k=FILE.parquet mt.jsonl`: each file's format is said, one row each; a bad record: one line, exit 2."
     from dflash_nb.evaluate import main
     from dflash_nb.export import export_drafter
@@ -797,6 +797,8 @@ def test_cli_benchmark_files(tmp_path, capsys):
     assert saved["prompt_sets"]["mt.jsonl"]["0"]["turns"] == 2 and res["prompt_sets"]["gsm8k"]["0"]["prompts"] == 2
     narrated = {"messages": [{"role": "narrator", "content": "x"}, {"role": "user", "content": "y"}]}
     bad = _write(tmp_path / "bad.jsonl", [narrated], "jsonl")
-    with pytest.raises(SystemExit) as e: main(base + ["--prompts", str(bad)])
+    monkeypatch.setattr(sys, "argv", ["evaluate", *base, "--prompts", str(bad)])
+    with pytest.raises(SystemExit) as e: cli()   # the console entry: run_cli prints one line, exit 2
     err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and err.startswith(f"error: {bad}:1: messages[0].role 'narrator'") and "\n" not in err
+    assert e.value.code == 2 and "\n" not in err
+    assert err.startswith(f"dflash_nb.evaluate: error: {bad}:1: messages[0].role 'narrator'")
