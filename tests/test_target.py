@@ -1,5 +1,6 @@
 """Target feature capture (dflash_nb.target) on tiny Qwen3, Qwen3.5-hybrid and Llama models built from configs."""
 import importlib.util
+from pathlib import Path
 import pytest, torch
 from torch import nn
 import dflash_nb.target as target_mod
@@ -385,3 +386,20 @@ def test_cuda_packed_equals_per_document(arch):
     f = tf(ids.cuda(), doc_ids.cuda())
     ref = per_document(m, ids.cuda(), doc_ids.cuda(), [1, 2, 4])
     torch.testing.assert_close(f.float(), ref.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_build_run_reports_fast_paths(tmp_path, capsys):
+    "The trainer prints the target's fast-path report in one line and writes it to the run dir."
+    import json, sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _trainer_common import make_data, train_cfg
+    from dflash_nb.trainer import build_run
+    cfg = train_cfg(tmp_path / "run", make_data(tmp_path / "data", n=4), steps=1)
+    locks = []
+    try:
+        run = build_run(cfg, locks=locks)
+    finally:
+        for lock in locks: lock.release()
+    report = json.loads((tmp_path / "run" / "target_fast_paths.json").read_text())
+    assert report == fast_paths(run.target) and report["packed"] and run.features.packing == "packed"
+    assert fast_paths_line(report) in capsys.readouterr().out
