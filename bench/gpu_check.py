@@ -661,7 +661,7 @@ def step_pipeline(a, rec):
 
 
 # ---- d'. target forward: padded vs packed, with and without the linear-attention kernels -----------------------------
-# dense bf16 tensor-core peak (TFLOP/s, no sparsity) by device name; --peak-tflops overrides (or supplies an unknown one)
+# dense bf16 tensor-core peak (TFLOP/s, no sparsity) by device name; --peak-tflops overrides (or gives an unknown one)
 PEAK_BF16_TFLOPS = {"H200": 989, "H100": 989, "H800": 989, "H20": 148, "GH200": 989, "B200": 2250, "B100": 1750,
                     "A100": 312, "A800": 312, "L40S": 362, "L40": 181, "L4": 121, "A10G": 70, "RTX 4090": 165}
 EPOCH_TOKENS = 1.87e9     # the data set the projection is for
@@ -669,8 +669,9 @@ TARGET_STEP = {  # depth of the reduced target, rows timed per (variant, packing
     False: dict(layers=8, row=4096, rows=3, warmup=1, samples=400),
     True: dict(layers=8, row=96, rows=1, warmup=0, samples=40),
 }
-FLOP_FORMULA = ("forward FLOPs of a row = 2 * P_run * T  +  sum over full-attention layers run of 4 * H * D * sum_i n_i (n_i + 1) / 2"
-                "  +  sum over Gated DeltaNet layers run of 6 * Hv * dk * dv * T;  P_run = parameters of the decoder layers "
+FLOP_FORMULA = ("forward FLOPs of a row = 2 * P_run * T  +  sum over full-attention layers run of "
+                "4 * H * D * sum_i n_i (n_i + 1) / 2  +  sum over Gated DeltaNet layers run of 6 * Hv * dk * dv * T;  "
+                "P_run = parameters of the decoder layers "
                 "the feature forward runs, T = real tokens, n_i = document lengths (useful work only: padding and "
                 "masked-out pairs are not counted)")
 
@@ -683,6 +684,11 @@ def peak_tflops(device_name, override=None):
     return float(PEAK_BF16_TFLOPS[max(hits, key=len)]) if hits else None
 
 
+def gdn_flops_per_token(cfg):
+    "The Gated DeltaNet recurrence's work per token and layer (state update, delta correction, readout)."
+    return 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+
+
 def target_row_flops(model, last_layer, doc_lengths):
     "Useful forward FLOPs of one row through decoder layers 0..last_layer (the formula in FLOP_FORMULA)."
     from dflash_nb.target import find_decoder_layers
@@ -691,13 +697,14 @@ def target_row_flops(model, last_layer, doc_lengths):
     T = sum(doc_lengths)
     flops = 2 * sum(p.numel() for p in layers.parameters()) * T
     kinds = cfg.layer_types[:last_layer + 1]
-    flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * sum(n * (n + 1) // 2 for n in doc_lengths)
-    flops += kinds.count("linear_attention") * 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * T
+    pairs = sum(n * (n + 1) // 2 for n in doc_lengths)
+    flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
+    flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
     return flops
 
 
 def full_depth_flops_per_token(model, doc_lengths_rows, run_layers=FULL_TARGET_RUN_LAYERS):
-    "Useful FLOPs per real token of the 64-layer target's feature forward (62 layers run), from the reduced model's layers."
+    "Useful FLOPs per real token of the 64-layer target's feature forward (62 layers run), from the reduced model."
     from dflash_nb.target import find_decoder_layers
     cfg = model.config
     layers = find_decoder_layers(model)
@@ -709,7 +716,7 @@ def full_depth_flops_per_token(model, doc_lengths_rows, run_layers=FULL_TARGET_R
     pairs = sum(n * (n + 1) // 2 for r in doc_lengths_rows for n in r)
     flops = 2 * sum(per_kind[k] for k in kinds) * T
     flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
-    flops += kinds.count("linear_attention") * 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * T
+    flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
     return flops / T
 
 
@@ -751,8 +758,8 @@ def step_target(a, rec):
     rows_idx = RowStream(lengths, p["row"], seed=0).epoch_rows(0)[:p["warmup"] + p["rows"]]
     V = dims["vocab_size"]
     g = torch.Generator().manual_seed(0)
-    rows = [make_packed_row([dict(input_ids=torch.randint(2, V - 1, (lengths[i],), generator=g), loss_mask=[1] * lengths[i])
-                             for i in r], p["row"]) for r in rows_idx]
+    doc = lambda n: dict(input_ids=torch.randint(2, V - 1, (n,), generator=g), loss_mask=[1] * n)
+    rows = [make_packed_row([doc(lengths[i]) for i in r], p["row"]) for r in rows_idx]
     doc_lengths = [[lengths[i] for i in r] for r in rows_idx]
     timed_lengths = doc_lengths[p["warmup"]:]
     useful = sum(target_row_flops(target, max(ids), d) for d in timed_lengths)
@@ -764,7 +771,7 @@ def step_target(a, rec):
                target=dict(layers=p["layers"], feature_ids=ids, **dims), fast_paths=report,
                rows=dict(tokens=p["row"], timed=len(timed_lengths), doc_lengths=timed_lengths, real_tokens=real_tokens,
                          padded_tokens=padded_tokens, useful_tflop=useful / 1e12),
-               runs={}, timing="wall clock of the feature forward over the timed rows after warm-up, device synchronised")
+               runs={}, timing="wall clock of the feature forward over the timed rows after warm-up, synchronised")
     variants = [("kernels", contextlib.nullcontext)] if kernels_bound else []
     variants.append(("reference", lambda: reference_kernels(target)))
     if not kernels_bound:
@@ -806,13 +813,14 @@ def step_target(a, rec):
     per_token = full_depth_flops_per_token(target, doc_lengths)
     hours = EPOCH_TOKENS * per_token / (2 * best) / 3600
     rec["projection"] = dict(
-        path=best_key, flops_per_token_64_layer=per_token, epoch_tokens=EPOCH_TOKENS, target_gpus=2, hours_per_epoch=hours,
+        path=best_key, flops_per_token_64_layer=per_token, epoch_tokens=EPOCH_TOKENS, target_gpus=2,
+        hours_per_epoch=hours,
         arithmetic=f"{EPOCH_TOKENS:.3g} tokens x {per_token / 1e9:.1f} GFLOP/token / (2 target GPUs x "
                    f"{best / 1e12:.1f} TFLOP/s, {best_key}) = {hours:.2f} h per epoch of the target forward",
         assumption="the 64-layer target runs at the TFLOP/s measured on the reduced one; two pairs = two target GPUs")
-    rec.finish(" | ".join(f"{k} {v['useful_tflops']:.1f} TFLOP/s" + (f" ({v['percent_of_peak']:.0f}%)" if v["percent_of_peak"] else "")
-                          for k, v in rec["runs"].items()) + f" | epoch of {EPOCH_TOKENS / 1e9:.2f}B tokens on 2 pairs: "
-               f"{hours:.1f} h ({best_key})")
+    pct = lambda v: f" ({v['percent_of_peak']:.0f}%)" if v["percent_of_peak"] else ""
+    rec.finish(" | ".join(f"{k} {v['useful_tflops']:.1f} TFLOP/s{pct(v)}" for k, v in rec["runs"].items())
+               + f" | epoch of {EPOCH_TOKENS / 1e9:.2f}B tokens on 2 pairs: {hours:.1f} h ({best_key})")
 
 
 # ---- e. pytest junit -> JSON -----------------------------------------------------------------------------------------
@@ -865,8 +873,8 @@ def step_summary(a):
     print(f"total {meta['elapsed_s']} s of a {meta['budget_s']} s budget; results in {out}")
 
 
-STEPS = dict(env=step_env, parity=step_parity, speed=step_speed, sweep=step_sweep, pipeline=step_pipeline, target=step_target,
-             junit=step_junit)
+STEPS = dict(env=step_env, parity=step_parity, speed=step_speed, sweep=step_sweep, pipeline=step_pipeline,
+             target=step_target, junit=step_junit)
 
 
 def main(argv=None):
@@ -878,7 +886,8 @@ def main(argv=None):
     ap.add_argument("--deadline-s", type=float, default=600, help="seconds this step may use")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
     ap.add_argument("--backend", default="auto", help="pipeline: drafter attention backend (auto = the trainer's probe)")
-    ap.add_argument("--peak-tflops", type=float, default=None, help="target: the device's dense bf16 peak (default: by name)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="target: the device's dense bf16 peak (default: by name)")
     ap.add_argument("--junit", default=None, help="junit: the XML written by pytest")
     ap.add_argument("--steps", default=None, help="summary: JSON lines, one per step, written by gpu_check.sh")
     ap.add_argument("--meta", default="{}", help="summary: JSON object of run facts (budget, elapsed, ...)")

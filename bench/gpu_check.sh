@@ -44,7 +44,9 @@ set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUDGET=400 OUT="" DRY=0 SWEEP=0 WHEELS="" PEAK=()
-usage() { echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]"; }
+usage() {
+  echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]"
+}
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -82,7 +84,8 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT" 2>/dev/null || die "cannot create the output directory $OUT"
 OUT="$(cd "$OUT" && pwd)"
-FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_sweep.json gpu_tests.json gpu_check.json)
+FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_sweep.json gpu_tests.json
+       gpu_check.json)
 for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/$f.tmp"; done   # no stale result from an earlier run
 
 # ---- import shim: dflash_nb from this checkout, kernels/ as dflash_nb.kernels (setup.py's package_dir mapping)

@@ -48,7 +48,8 @@ def row_costs(doc_lengths: list[int]) -> dict:
     longest = [max(e - s for s, e in b) for b in buckets]
     real = sum(doc_lengths)
     return dict(real=real, padded=sum(len(b) * L for b, L in zip(buckets, longest)), packed=real,
-                pairs_useful=sum(n * n for n in doc_lengths), pairs_padded=sum(len(b) * L * L for b, L in zip(buckets, longest)),
+                pairs_useful=sum(n * n for n in doc_lengths),
+                pairs_padded=sum(len(b) * L * L for b, L in zip(buckets, longest)),
                 pairs_packed_mask=real * real, micro_batches=len(buckets))
 
 
@@ -72,7 +73,8 @@ def main(argv=None):
     costs = [row_costs([min(lengths[i], ROW) for i in r]) for r in rows]
     tot = {k: sum(c[k] for c in costs) for k in costs[0]}
     res = dict(
-        setup=dict(samples=args.samples, row_tokens=ROW, max_batch_tokens=MAX_BATCH_TOKENS, mean_length=sum(lengths) / len(lengths),
+        setup=dict(samples=args.samples, row_tokens=ROW, max_batch_tokens=MAX_BATCH_TOKENS,
+                   mean_length=sum(lengths) / len(lengths),
                    max_length=max(lengths), rows=len(rows), docs_per_row=sum(map(len, rows)) / len(rows),
                    row_fill=tot["real"] / (len(rows) * ROW)),
         tokens=dict(real=tot["real"], padded=tot["padded"], packed=tot["packed"],
@@ -102,7 +104,8 @@ def main(argv=None):
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     t = res["tokens"]
-    print(f"{len(rows)} rows of {ROW}, {res['setup']['docs_per_row']:.2f} docs/row, fill {res['setup']['row_fill']:.3f}")
+    st = res["setup"]
+    print(f"{len(rows)} rows of {ROW}, {st['docs_per_row']:.2f} docs/row, fill {st['row_fill']:.3f}")
     print(f"tokens computed / real: padded buckets {1 + t['padded_waste']:.4f} (waste {t['padded_waste']:.1%}), "
           f"packed {1 + t['packed_waste']:.4f} (waste {t['packed_waste']:.1%})")
     a = res["attention_pairs"]

@@ -112,9 +112,10 @@ def load_target(
     kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if attn_implementation is not None: kw["attn_implementation"] = attn_implementation
     if importlib.util.find_spec("accelerate") is None:   # an install from before accelerate became a requirement
-        warnings.warn("accelerate is not installed: the target is built in host memory, then moved (pip install accelerate)")
+        warnings.warn("accelerate is not installed: the target is built in host memory, then moved "
+                      "(pip install accelerate)")
         return AutoModelForCausalLM.from_pretrained(str(path), **kw).to(device).eval().requires_grad_(False)
-    # device_map puts each tensor on `device` as it is read: the host never holds the whole model (each rank loads its own)
+    # device_map puts each tensor on `device` as it is read: the host never holds the whole model (each rank: its own)
     model = AutoModelForCausalLM.from_pretrained(str(path), device_map={"": str(device)}, **kw)
     return model.eval().requires_grad_(False)
 
@@ -147,7 +148,7 @@ def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[li
     return batches
 
 # %% ../nbs/07_target.ipynb #b8d2f3e1
-_PACKED_DENSE = ("qwen3", "llama")              # dense model types whose packed forward is proven equal to per-document runs
+_PACKED_DENSE = ("qwen3", "llama")              # dense model types whose packed forward is proven equal per document
 _PACKED_HYBRID = ("qwen3_5_text", "qwen3_5")    # hybrids: packed only with the varlen linear-attention kernels
 
 def _text_config(model: nn.Module):
@@ -165,7 +166,7 @@ def _linear_attention_module(model: nn.Module):
     return None
 
 def _bound_kernel(module, name: str) -> str | None:
-    "The package transformers bound to its kernel-or-torch function `name` of `module` at import, or None (torch reference)."
+    "The package transformers bound to the kernel-or-torch function `name` of `module` at import; None: torch."
     fn = getattr(module, name, None)
     if fn is None or fn.__closure__ is None: return None
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
@@ -192,8 +193,9 @@ def packed_support(model: nn.Module) -> tuple[bool, str]:
     missing = [pkg for fn, pkg in (("torch_chunk_gated_delta_rule", "flash-linear-attention"),
                                    ("causal_conv1d_fn", "causal-conv1d")) if _bound_kernel(mod, fn) is None]
     if missing:   # the torch reference conv and recurrence would carry one document into the next
-        return False, (f"hybrid {cfg.model_type}: the linear-attention layers run the torch reference, which cannot keep "
-                       f"packed documents apart ({' and '.join(missing)} not installed); pip install {' '.join(missing)}")
+        return False, (f"hybrid {cfg.model_type}: the linear-attention layers run the torch reference, which cannot "
+                       f"keep packed documents apart ({' and '.join(missing)} not installed); "
+                       f"pip install {' '.join(missing)}")
     if _device_type(model) != "cuda": return False, "the linear-attention kernels need CUDA"
     return True, f"hybrid {cfg.model_type}: fla/causal-conv1d varlen (cu_seqlens, seq_idx); full attention: {how}"
 
@@ -202,24 +204,24 @@ def block_causal_mask(
     dtype: torch.dtype,    # the model's dtype: an additive mask (0 / most negative), which sdpa and eager both accept
     device=None,
 ) -> torch.Tensor:
-    "Additive `(1, 1, T, T)` causal mask that lets token t see only earlier tokens of its own document (T = sum(lengths))."
+    "Additive `(1, 1, T, T)` causal mask: token t sees only earlier tokens of its own document (T = sum(lengths))."
     doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     keep = (doc[:, None] == doc[None, :]).tril_()
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
 
 # %% ../nbs/07_target.ipynb #0486fddb
 class TargetFeatures:
-    "Concatenated hidden states of chosen target layers for a packed row, each document isolated, forward stopped early."
+    "Concatenated hidden states of chosen target layers for a packed row, documents isolated, forward stopped early."
     def __init__(
         self,
         model: nn.Module,                # a transformers CausalLM (frozen; put in eval mode here)
         layer_ids: list[int],            # id i = output of decoder layer i (= HF hidden_states[i+1])
         max_batch_tokens: int = 16384,   # padded tokens per micro-batch (n_docs × longest doc)
         use_attention_mask: bool = True, # pass the padding mask (right padding is causal-safe without it too)
-        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's logits
-                                         # through the shared lm_head, for distillation; the forward then runs every layer
-        packing: str = "auto",           # "packed": one unpadded forward per row; "padded": length-bucketed micro-batches;
-    ):                                   # "auto": packed where `packed_support` says the target keeps documents apart
+        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's
+                                         # logits through the shared lm_head, for distillation; runs every layer
+        packing: str = "auto",           # "packed": one unpadded forward per row; "padded": length-bucketed
+    ):                                   # micro-batches; "auto": packed where `packed_support` allows it
         self.model = model.eval().requires_grad_(False)
         self.layers = find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
@@ -314,7 +316,7 @@ class TargetFeatures:
         input_ids: torch.Tensor,  # (S,) long, one packed row
         doc_ids: torch.Tensor,    # (S,) long, −1 = padding
     ) -> torch.Tensor:
-        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; zeros at padding."
+        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at padding."
         S, dev = input_ids.shape[0], self.device
         out = torch.zeros(S, self.output_size, dtype=self.dtype, device=dev)
         input_ids, spans = input_ids.to(dev), document_spans(doc_ids)
@@ -353,9 +355,9 @@ def fast_paths(model: nn.Module) -> dict:
                   linear_attention_layers=n_linear, linear_attention_kernel=rule, causal_conv1d=conv,
                   packed=packed, packed_reason=why)
     if report["device"] == "cuda" and "torch reference" in (rule, conv):
-        warnings.warn(f"WARNING: the hybrid target's {n_linear} linear-attention layers run transformers' torch reference "
-                      f"(Gated DeltaNet {rule}, conv {conv}): many times slower than the kernels, and rows run padded. "
-                      f"Install: {GPU_INSTALL}", stacklevel=2)
+        warnings.warn(f"WARNING: the hybrid target's {n_linear} linear-attention layers run transformers' torch "
+                      f"reference (Gated DeltaNet {rule}, conv {conv}): many times slower than the kernels, and rows "
+                      f"run padded. Install: {GPU_INSTALL}", stacklevel=2)
     return report
 
 def fast_paths_line(report: dict) -> str:

@@ -1080,7 +1080,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
     features = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
-    from dflash_nb.target import fast_paths, fast_paths_line   # which kernels the target's forward (most of an epoch) runs
+    from dflash_nb.target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
     paths = fast_paths(target)
     if rank == 0:
         print(f"{log_prefix}{fast_paths_line(paths)}", flush=True)

@@ -265,12 +265,13 @@ def test_packed_equals_per_document_dense(arch, attn, final_hidden):
 
 
 def test_packed_isolation_can_fail(models, monkeypatch):
-    "Fault injection: a causal mask over the whole row (positions still restarting) lets the second document see the first."
+    "Fault injection: a causal mask over the whole row (positions still restarting): document 2 sees document 1."
     m = models["qwen3"]
     _, ids, doc_ids = packed_row([9, 12], seed=12)
     good = TargetFeatures(m, [1, 2])(ids, doc_ids)
     real = target_mod.block_causal_mask
-    monkeypatch.setattr(target_mod, "block_causal_mask", lambda lengths, dtype, device=None: real([sum(lengths)], dtype, device))
+    one_block = lambda lengths, dtype, device=None: real([sum(lengths)], dtype, device)
+    monkeypatch.setattr(target_mod, "block_causal_mask", one_block)
     leaky = TargetFeatures(m, [1, 2])(ids, doc_ids)
     torch.testing.assert_close(leaky[:9], good[:9], rtol=1e-5, atol=1e-5)
     assert (leaky[9:] - good[9:]).abs().max() > 1e-2
@@ -307,7 +308,7 @@ def test_fast_paths_report_and_line(models):
 
 
 def test_fast_paths_warns_on_cuda_reference_path(models, monkeypatch):
-    "Fault injection: the target claims to sit on CUDA; the hybrid on the torch reference then warns with the install line."
+    "Fault injection: the target claims to sit on CUDA; the hybrid on the torch reference warns with the install line."
     import warnings
     monkeypatch.setattr(target_mod, "_device_type", lambda model: "cuda")
     with pytest.warns(UserWarning, match="WARNING.*torch reference.*pip install flash-linear-attention causal-conv1d"):
@@ -315,7 +316,8 @@ def test_fast_paths_warns_on_cuda_reference_path(models, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fast_paths(models["qwen3"])                       # a dense target on CUDA has nothing to warn about
-        monkeypatch.setattr(target_mod, "_bound_kernel", lambda mod, name: {"causal_conv1d_fn": "causal_conv1d"}.get(name, "fla"))
+        bound = lambda mod, name: {"causal_conv1d_fn": "causal_conv1d"}.get(name, "fla")
+        monkeypatch.setattr(target_mod, "_bound_kernel", bound)
         r = fast_paths(models["qwen3_5"])                 # kernels bound: no warning, and the hybrid runs packed
     assert (r["linear_attention_kernel"], r["causal_conv1d"], r["packed"]) == ("fla", "causal_conv1d", True)
     assert "cu_seqlens" in r["packed_reason"]
@@ -356,7 +358,8 @@ def test_load_target_puts_weights_straight_on_the_device(tmp_path):
     weights_mib = sum(p.numel() for p in big.parameters()) * 4 / 2**20     # ~173 MiB fp32 on disk
     big.save_pretrained(tmp_path)
     def peak(how):
-        p = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path), how], capture_output=True, text=True, timeout=120)
+        p = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path), how], capture_output=True, text=True,
+                           timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
         return float(p.stdout.split()[-1])
     old, new = peak("host_then_move"), peak("load_target")
