@@ -14,8 +14,9 @@ STEP is one of
             random weights) and the flagship drafter on one device: target time per row I, drafter step time T,
             pipelined time P, peak memory, the extrapolation to the 64-layer target and T/I against anchors per row
   target    the target's feature forward at Qwen3.6 width (reduced depth): padded buckets vs one packed forward per
-            row, with the linear-attention kernels as installed and with transformers' torch reference; useful
-            TFLOP/s (formula in FLOP_FORMULA), % of the device's bf16 peak, hours per epoch of 1.87B tokens on two pairs
+            row, with the linear-attention kernels as installed and with transformers' torch reference, and a dense
+            (Qwen3-code) stack of the same width; useful TFLOP/s (formula in FLOP_FORMULA), % of the device's bf16
+            peak, hours per epoch of 1.87B tokens on two pairs (from the hybrid's best path)
   junit     turn the junit XML of `pytest -m gpu` into JSON
   summary   merge the step records of the shell script with every step's JSON, write gpu_check.json, print the table
 
@@ -457,6 +458,25 @@ def hybrid_target(dev, dims, layers, dtype):
     return model.eval().requires_grad_(False)
 
 
+def dense_target(dev, dims, layers, dtype):
+    "A random-weight Qwen3-architecture CausalLM (every layer full attention) of the same width, built on `dev`."
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    cfg = Qwen3Config(**{k: dims[k] for k in keep}, num_hidden_layers=layers, max_position_embeddings=32768,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+    old = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval().requires_grad_(False)
+
+
 def spread_ids(last, n=5):
     "n layer ids spread over [0, last], ending at `last` (so the feature forward runs layers 0..last)."
     return sorted({int(round(i * last / (n - 1))) for i in range(n)})
@@ -696,10 +716,11 @@ def target_row_flops(model, last_layer, doc_lengths):
     layers = find_decoder_layers(model)[:last_layer + 1]
     T = sum(doc_lengths)
     flops = 2 * sum(p.numel() for p in layers.parameters()) * T
-    kinds = cfg.layer_types[:last_layer + 1]
+    kinds = list(getattr(cfg, "layer_types", None) or ["full_attention"] * len(layers))[:last_layer + 1]
     pairs = sum(n * (n + 1) // 2 for n in doc_lengths)
     flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
-    flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
+    if "linear_attention" in kinds:
+        flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
     return flops
 
 
@@ -772,6 +793,30 @@ def step_target(a, rec):
                rows=dict(tokens=p["row"], timed=len(timed_lengths), doc_lengths=timed_lengths, real_tokens=real_tokens,
                          padded_tokens=padded_tokens, useful_tflop=useful / 1e12),
                runs={}, timing="wall clock of the feature forward over the timed rows after warm-up, synchronised")
+    def measure(key, model, packing, useful_flops):
+        "Time the feature forward of `model` over the timed rows on one path; record TFLOP/s and % of peak."
+        if not rec.fits(key, 5 if a.dry_run else 20):
+            return
+        try:
+            tf = TargetFeatures(model, ids, packing=packing)
+            for r in rows[:p["warmup"]]:
+                tf(r["input_ids"], r["doc_ids"])
+            sync(dev)
+            t = time.perf_counter()
+            for r in rows[p["warmup"]:]:
+                tf(r["input_ids"].to(dev), r["doc_ids"])
+            sync(dev)
+            secs = time.perf_counter() - t
+            tflops = useful_flops / secs / 1e12
+            rec["runs"][key] = dict(seconds=secs, seconds_per_row=secs / len(timed_lengths), useful_tflops=tflops,
+                                    percent_of_peak=100 * tflops / peak if peak else None,
+                                    tokens_computed=padded_tokens if packing == "padded" else real_tokens)
+            print(f"[target] {key}: {secs / len(timed_lengths):.4f} s/row, {tflops:.1f} TFLOP/s"
+                  + (f" ({100 * tflops / peak:.1f}% of {peak:.0f})" if peak else ""), flush=True)
+        except Exception as e:
+            rec.error(key, e)
+        rec.save()
+
     variants = [("kernels", contextlib.nullcontext)] if kernels_bound else []
     variants.append(("reference", lambda: reference_kernels(target)))
     if not kernels_bound:
@@ -784,33 +829,25 @@ def step_target(a, rec):
                 if packing == "packed" and not supported:
                     rec.skip(key, why)
                     continue
-                if not rec.fits(key, 5 if a.dry_run else 20):
-                    continue
-                try:
-                    tf = TargetFeatures(target, ids, packing=packing)
-                    for r in rows[:p["warmup"]]:
-                        tf(r["input_ids"], r["doc_ids"])
-                    sync(dev)
-                    t = time.perf_counter()
-                    for r in rows[p["warmup"]:]:
-                        tf(r["input_ids"].to(dev), r["doc_ids"])
-                    sync(dev)
-                    s = time.perf_counter() - t
-                    tflops = useful / s / 1e12
-                    rec["runs"][key] = dict(seconds=s, seconds_per_row=s / len(timed_lengths), useful_tflops=tflops,
-                                            percent_of_peak=100 * tflops / peak if peak else None,
-                                            tokens_computed=padded_tokens if packing == "padded" else real_tokens)
-                    print(f"[target] {key}: {s / len(timed_lengths):.4f} s/row, {tflops:.1f} TFLOP/s"
-                          + (f" ({100 * tflops / peak:.1f}% of {peak:.0f})" if peak else ""), flush=True)
-                except Exception as e:
-                    rec.error(key, e)
-                rec.save()
-    if not rec["runs"]:
-        rec.finish("no target forward measured")
-        return
-    best_key = max(rec["runs"], key=lambda k: rec["runs"][k]["useful_tflops"])
-    best = rec["runs"][best_key]["useful_tflops"] * 1e12
+                measure(key, target, packing, useful)
+    hybrid_runs = dict(rec["runs"])
     per_token = full_depth_flops_per_token(target, doc_lengths)
+    # the same width as a dense stack (every layer full attention, Qwen3 code): its packed path needs no extra kernel
+    del target
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    if rec.fits("dense", 10 if a.dry_run else 30):
+        dense = dense_target(dev, dims, p["layers"], dtype)
+        useful_dense = sum(target_row_flops(dense, max(ids), d) for d in timed_lengths)
+        rec["dense"] = dict(model="qwen3 architecture at the same width and depth", useful_tflop=useful_dense / 1e12)
+        for packing in ("padded", "packed"):
+            measure(f"dense/{packing}", dense, packing, useful_dense)
+        del dense
+    if not hybrid_runs:
+        rec.finish("no hybrid target forward measured")
+        return
+    best_key = max(hybrid_runs, key=lambda k: hybrid_runs[k]["useful_tflops"])
+    best = hybrid_runs[best_key]["useful_tflops"] * 1e12
     hours = EPOCH_TOKENS * per_token / (2 * best) / 3600
     rec["projection"] = dict(
         path=best_key, flops_per_token_64_layer=per_token, epoch_tokens=EPOCH_TOKENS, target_gpus=2,
@@ -818,7 +855,7 @@ def step_target(a, rec):
         arithmetic=f"{EPOCH_TOKENS:.3g} tokens x {per_token / 1e9:.1f} GFLOP/token / (2 target GPUs x "
                    f"{best / 1e12:.1f} TFLOP/s, {best_key}) = {hours:.2f} h per epoch of the target forward",
         assumption="the 64-layer target runs at the TFLOP/s measured on the reduced one; two pairs = two target GPUs")
-    pct = lambda v: f" ({v['percent_of_peak']:.0f}%)" if v["percent_of_peak"] else ""
+    pct = lambda v: f" ({v['percent_of_peak']:.0f}%)" if v["percent_of_peak"] else ""   # noqa: E731
     rec.finish(" | ".join(f"{k} {v['useful_tflops']:.1f} TFLOP/s{pct(v)}" for k, v in rec["runs"].items())
                + f" | epoch of {EPOCH_TOKENS / 1e9:.2f}B tokens on 2 pairs: {hours:.1f} h ({best_key})")
 

@@ -29,8 +29,8 @@
 #                      1 full attention, random weights) + the 5-layer flagship drafter on one GPU: I, T, P per row,
 #                      peak memory, the 64-layer extrapolation and the anchors per row that balance a split pair
 #   d'. target   40 s  the target's feature forward at Qwen3.6 width (8 layers): padded vs  -> gpu_target.json
-#                      packed, kernels as installed vs torch reference; useful TFLOP/s, % of bf16 peak, hours
-#                      per epoch of 1.87B tokens on two pairs
+#                      packed, kernels as installed vs torch reference, and a dense stack of that width; useful
+#                      TFLOP/s, % of bf16 peak, hours per epoch of 1.87B tokens on two pairs
 #   c'. sweep    90 s  (--sweep only) kernel tile candidates at the flagship shape           -> gpu_sweep.json
 #   e. tests     60 s  `pytest -m gpu` on the test files that have gpu tests, if >= 30 s remain -> gpu_tests.json
 #   summary       5 s  every step's status, wall time, plan and headline                      -> gpu_check.json
@@ -146,7 +146,7 @@ PY_STEP=("$PYTHON" "$REPO/bench/gpu_check.py")
 # planned seconds per step (the minimum that must be left to start it) and the cap of its time limit, in percent of
 # the plan: 150 % on the GPU; 300 % in the dry run, whose CPU may be shared with other jobs
 if [ "$DRY" = 1 ]; then  # 2 busy CPU cores: env, parity, speed, pipeline, sweep, tests (+ the minimum for tests)
-  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_TGT=8 E_SWP=6 E_TST=12 M_TST=8 CAP=300
+  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_TGT=10 E_SWP=6 E_TST=12 M_TST=8 CAP=300
 else                     # one H200 (see the table above)
   E_ENV=15 E_PAR=90 E_SPD=60 E_PIPE=120 E_TGT=40 E_SWP=90 E_TST=60 M_TST=30 CAP=150
 fi
