@@ -13,6 +13,10 @@ STEP is one of
   pipeline  a Qwen3.6-architecture target of reduced depth (hybrid Gated DeltaNet + full attention at hidden 5120,
             random weights) and the flagship drafter on one device: target time per row I, drafter step time T,
             pipelined time P, peak memory, the extrapolation to the 64-layer target and T/I against anchors per row
+  target    the target's feature forward at Qwen3.6 width (reduced depth): padded buckets vs one packed forward per
+            row, with the linear-attention kernels as installed and with transformers' torch reference, and a dense
+            (Qwen3-code) stack of the same width; useful TFLOP/s (formula in FLOP_FORMULA), % of the device's bf16
+            peak, hours per epoch of 1.87B tokens on two pairs (from the hybrid's best path)
   junit     turn the junit XML of `pytest -m gpu` into JSON
   summary   merge the step records of the shell script with every step's JSON, write gpu_check.json, print the table
 
@@ -454,6 +458,25 @@ def hybrid_target(dev, dims, layers, dtype):
     return model.eval().requires_grad_(False)
 
 
+def dense_target(dev, dims, layers, dtype):
+    "A random-weight Qwen3-architecture CausalLM (every layer full attention) of the same width, built on `dev`."
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")
+    cfg = Qwen3Config(**{k: dims[k] for k in keep}, num_hidden_layers=layers, max_position_embeddings=32768,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+                      rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
+    old = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            model = Qwen3ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval().requires_grad_(False)
+
+
 def spread_ids(last, n=5):
     "n layer ids spread over [0, last], ending at `last` (so the feature forward runs layers 0..last)."
     return sorted({int(round(i * last / (n - 1))) for i in range(n)})
@@ -657,6 +680,186 @@ def step_pipeline(a, rec):
                + (f"balance at ~{N_bal:.0f} anchors/row" if N_bal else "no balance point"))
 
 
+# ---- d'. target forward: padded vs packed, with and without the linear-attention kernels -----------------------------
+# dense bf16 tensor-core peak (TFLOP/s, no sparsity) by device name; --peak-tflops overrides (or gives an unknown one)
+PEAK_BF16_TFLOPS = {"H200": 989, "H100": 989, "H800": 989, "H20": 148, "GH200": 989, "B200": 2250, "B100": 1750,
+                    "A100": 312, "A800": 312, "L40S": 362, "L40": 181, "L4": 121, "A10G": 70, "RTX 4090": 165}
+EPOCH_TOKENS = 1.87e9     # the data set the projection is for
+TARGET_STEP = {  # depth of the reduced target, rows timed per (variant, packing) after a warm-up row
+    False: dict(layers=8, row=4096, rows=3, warmup=1, samples=400),
+    True: dict(layers=8, row=96, rows=1, warmup=0, samples=40),
+}
+FLOP_FORMULA = ("forward FLOPs of a row = 2 * P_run * T  +  sum over full-attention layers run of "
+                "4 * H * D * sum_i n_i (n_i + 1) / 2  +  sum over Gated DeltaNet layers run of 6 * Hv * dk * dv * T;  "
+                "P_run = parameters of the decoder layers "
+                "the feature forward runs, T = real tokens, n_i = document lengths (useful work only: padding and "
+                "masked-out pairs are not counted)")
+
+
+def peak_tflops(device_name, override=None):
+    "The device's dense bf16 peak from the table (longest matching name), or the override."
+    if override:
+        return float(override)
+    hits = [k for k in PEAK_BF16_TFLOPS if k.lower() in (device_name or "").lower()]
+    return float(PEAK_BF16_TFLOPS[max(hits, key=len)]) if hits else None
+
+
+def gdn_flops_per_token(cfg):
+    "The Gated DeltaNet recurrence's work per token and layer (state update, delta correction, readout)."
+    return 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+
+
+def target_row_flops(model, last_layer, doc_lengths):
+    "Useful forward FLOPs of one row through decoder layers 0..last_layer (the formula in FLOP_FORMULA)."
+    from dflash_nb.target import find_decoder_layers
+    cfg = model.config
+    layers = find_decoder_layers(model)[:last_layer + 1]
+    T = sum(doc_lengths)
+    flops = 2 * sum(p.numel() for p in layers.parameters()) * T
+    kinds = list(getattr(cfg, "layer_types", None) or ["full_attention"] * len(layers))[:last_layer + 1]
+    pairs = sum(n * (n + 1) // 2 for n in doc_lengths)
+    flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
+    if "linear_attention" in kinds:
+        flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
+    return flops
+
+
+def full_depth_flops_per_token(model, doc_lengths_rows, run_layers=FULL_TARGET_RUN_LAYERS):
+    "Useful FLOPs per real token of the 64-layer target's feature forward (62 layers run), from the reduced model."
+    from dflash_nb.target import find_decoder_layers
+    cfg = model.config
+    layers = find_decoder_layers(model)
+    per_kind = {}
+    for layer, kind in zip(layers, cfg.layer_types):
+        per_kind.setdefault(kind, sum(p.numel() for p in layer.parameters()))
+    kinds = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(run_layers)]
+    T = sum(sum(r) for r in doc_lengths_rows)
+    pairs = sum(n * (n + 1) // 2 for r in doc_lengths_rows for n in r)
+    flops = 2 * sum(per_kind[k] for k in kinds) * T
+    flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
+    flops += kinds.count("linear_attention") * gdn_flops_per_token(cfg) * T
+    return flops / T
+
+
+def reference_kernels(model):
+    "Context manager: the hybrid's linear-attention layers run transformers' torch reference (the kernels unbound)."
+    import contextlib
+    from dflash_nb import target as tmod
+    mod = tmod._linear_attention_module(model)
+
+    @contextlib.contextmanager
+    def ctx():
+        saved = {n: getattr(mod, n) for n in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")}
+        try:
+            for n, fn in saved.items():
+                setattr(mod, n, getattr(fn, "__wrapped__", fn))   # functools.wraps keeps the torch function there
+            yield
+        finally:
+            for n, fn in saved.items():
+                setattr(mod, n, fn)
+    return ctx()
+
+
+def step_target(a, rec):
+    import contextlib
+    import torch
+    sys.path.insert(0, str(ROOT / "bench"))
+    from target_packing import length_mix, row_costs
+    from dflash_nb.anchors import make_packed_row
+    from dflash_nb.target import TargetFeatures, fast_paths, packed_support
+    from dflash_nb.trainer import RowStream
+    dev = device_for(a.dry_run)
+    p, dims = TARGET_STEP[a.dry_run], TARGET_DIMS[a.dry_run]
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (dry run)"
+    peak = peak_tflops(name, a.peak_tflops)
+    target = hybrid_target(dev, dims, p["layers"], dtype)
+    ids = spread_ids(p["layers"] - 2)
+    lengths = [min(n, p["row"]) for n in length_mix(p["samples"], mean=2000 * p["row"] / 4096)]
+    rows_idx = RowStream(lengths, p["row"], seed=0).epoch_rows(0)[:p["warmup"] + p["rows"]]
+    V = dims["vocab_size"]
+    g = torch.Generator().manual_seed(0)
+    doc = lambda n: dict(input_ids=torch.randint(2, V - 1, (n,), generator=g), loss_mask=[1] * n)
+    rows = [make_packed_row([doc(lengths[i]) for i in r], p["row"]) for r in rows_idx]
+    doc_lengths = [[lengths[i] for i in r] for r in rows_idx]
+    timed_lengths = doc_lengths[p["warmup"]:]
+    useful = sum(target_row_flops(target, max(ids), d) for d in timed_lengths)
+    padded_tokens = sum(row_costs(d)["padded"] for d in timed_lengths)
+    real_tokens = sum(sum(d) for d in timed_lengths)
+    report = fast_paths(target)
+    kernels_bound = report["linear_attention_kernel"] != "torch reference"
+    rec.update(device=name, dtype=str(dtype)[6:], peak_bf16_tflops=peak, flop_formula=FLOP_FORMULA,
+               target=dict(layers=p["layers"], feature_ids=ids, **dims), fast_paths=report,
+               rows=dict(tokens=p["row"], timed=len(timed_lengths), doc_lengths=timed_lengths, real_tokens=real_tokens,
+                         padded_tokens=padded_tokens, useful_tflop=useful / 1e12),
+               runs={}, timing="wall clock of the feature forward over the timed rows after warm-up, synchronised")
+    def measure(key, model, packing, useful_flops):
+        "Time the feature forward of `model` over the timed rows on one path; record TFLOP/s and % of peak."
+        if not rec.fits(key, 5 if a.dry_run else 20):
+            return
+        try:
+            tf = TargetFeatures(model, ids, packing=packing)
+            for r in rows[:p["warmup"]]:
+                tf(r["input_ids"], r["doc_ids"])
+            sync(dev)
+            t = time.perf_counter()
+            for r in rows[p["warmup"]:]:
+                tf(r["input_ids"].to(dev), r["doc_ids"])
+            sync(dev)
+            secs = time.perf_counter() - t
+            tflops = useful_flops / secs / 1e12
+            rec["runs"][key] = dict(seconds=secs, seconds_per_row=secs / len(timed_lengths), useful_tflops=tflops,
+                                    percent_of_peak=100 * tflops / peak if peak else None,
+                                    tokens_computed=padded_tokens if packing == "padded" else real_tokens)
+            print(f"[target] {key}: {secs / len(timed_lengths):.4f} s/row, {tflops:.1f} TFLOP/s"
+                  + (f" ({100 * tflops / peak:.1f}% of {peak:.0f})" if peak else ""), flush=True)
+        except Exception as e:
+            rec.error(key, e)
+        rec.save()
+
+    variants = [("kernels", contextlib.nullcontext)] if kernels_bound else []
+    variants.append(("reference", lambda: reference_kernels(target)))
+    if not kernels_bound:
+        rec.skip("kernels", "flash-linear-attention / causal-conv1d are not installed (carry them with --wheels DIR)")
+    for variant, ctx in variants:
+        with ctx():
+            supported, why = packed_support(target)
+            for packing in ("padded", "packed"):
+                key = f"{variant}/{packing}"
+                if packing == "packed" and not supported:
+                    rec.skip(key, why)
+                    continue
+                measure(key, target, packing, useful)
+    hybrid_runs = dict(rec["runs"])
+    per_token = full_depth_flops_per_token(target, doc_lengths)
+    # the same width as a dense stack (every layer full attention, Qwen3 code): its packed path needs no extra kernel
+    del target
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    if rec.fits("dense", 10 if a.dry_run else 30):
+        dense = dense_target(dev, dims, p["layers"], dtype)
+        useful_dense = sum(target_row_flops(dense, max(ids), d) for d in timed_lengths)
+        rec["dense"] = dict(model="qwen3 architecture at the same width and depth", useful_tflop=useful_dense / 1e12)
+        for packing in ("padded", "packed"):
+            measure(f"dense/{packing}", dense, packing, useful_dense)
+        del dense
+    if not hybrid_runs:
+        rec.finish("no hybrid target forward measured")
+        return
+    best_key = max(hybrid_runs, key=lambda k: hybrid_runs[k]["useful_tflops"])
+    best = hybrid_runs[best_key]["useful_tflops"] * 1e12
+    hours = EPOCH_TOKENS * per_token / (2 * best) / 3600
+    rec["projection"] = dict(
+        path=best_key, flops_per_token_64_layer=per_token, epoch_tokens=EPOCH_TOKENS, target_gpus=2,
+        hours_per_epoch=hours,
+        arithmetic=f"{EPOCH_TOKENS:.3g} tokens x {per_token / 1e9:.1f} GFLOP/token / (2 target GPUs x "
+                   f"{best / 1e12:.1f} TFLOP/s, {best_key}) = {hours:.2f} h per epoch of the target forward",
+        assumption="the 64-layer target runs at the TFLOP/s measured on the reduced one; two pairs = two target GPUs")
+    pct = lambda v: f" ({v['percent_of_peak']:.0f}%)" if v["percent_of_peak"] else ""   # noqa: E731
+    rec.finish(" | ".join(f"{k} {v['useful_tflops']:.1f} TFLOP/s{pct(v)}" for k, v in rec["runs"].items())
+               + f" | epoch of {EPOCH_TOKENS / 1e9:.2f}B tokens on 2 pairs: {hours:.1f} h ({best_key})")
+
+
 # ---- e. pytest junit -> JSON -----------------------------------------------------------------------------------------
 def step_junit(a, rec):
     import xml.etree.ElementTree as ET
@@ -707,7 +910,8 @@ def step_summary(a):
     print(f"total {meta['elapsed_s']} s of a {meta['budget_s']} s budget; results in {out}")
 
 
-STEPS = dict(env=step_env, parity=step_parity, speed=step_speed, sweep=step_sweep, pipeline=step_pipeline, junit=step_junit)
+STEPS = dict(env=step_env, parity=step_parity, speed=step_speed, sweep=step_sweep, pipeline=step_pipeline,
+             target=step_target, junit=step_junit)
 
 
 def main(argv=None):
@@ -719,6 +923,8 @@ def main(argv=None):
     ap.add_argument("--deadline-s", type=float, default=600, help="seconds this step may use")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
     ap.add_argument("--backend", default="auto", help="pipeline: drafter attention backend (auto = the trainer's probe)")
+    ap.add_argument("--peak-tflops", type=float, default=None,
+                    help="target: the device's dense bf16 peak (default: by name)")
     ap.add_argument("--junit", default=None, help="junit: the XML written by pytest")
     ap.add_argument("--steps", default=None, help="summary: JSON lines, one per step, written by gpu_check.sh")
     ap.add_argument("--meta", default="{}", help="summary: JSON object of run facts (budget, elapsed, ...)")

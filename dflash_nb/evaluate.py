@@ -1096,6 +1096,8 @@ def main(argv=None) -> dict:
     except (PromptFileError, ValueError) as e:   # run_cli prints it: one line, exit 2
         raise ConfigError(str(e)) from e
     model = load_target_spec(a.target, a.device, a.dtype)
+    from dflash_nb.target import fast_paths, fast_paths_line
+    print(fast_paths_line(fast_paths(model)))
     drafter = load_drafter_dir(a.drafter, model)
     B = a.block_size or drafter.config.block_size
     if a.prompts: res = _main_prompts(a, model, drafter, B, convs, kwargs)

@@ -4,15 +4,16 @@
 
 # %% ../nbs/07_target.ipynb #6525a761
 from __future__ import annotations
-import contextlib, math
+import contextlib, importlib.util, itertools, math, sys, warnings
 from pathlib import Path
 import torch
 from torch import nn
 from .model import default_target_layer_ids   # the layer rule belongs to the drafter's config (chapter Model)
 
 # %% auto #0
-__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
-           'document_spans', 'bucket_spans', 'TargetFeatures']
+__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
+           'document_spans', 'bucket_spans', 'packed_support', 'block_causal_mask', 'TargetFeatures', 'fast_paths',
+           'fast_paths_line']
 
 # %% ../nbs/07_target.ipynb #d786042e
 _LAYER_PATHS = ("model.layers", "model.language_model.layers", "language_model.model.layers", "model.model.layers",
@@ -102,15 +103,21 @@ def load_target(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,  # e.g. "sdpa", "flash_attention_2"; None = transformers' default
 ):
-    "Load a frozen target CausalLM from a local path in eval mode."
+    "Load a frozen target CausalLM from a local path straight onto `device` (no full host copy), in eval mode."
     from transformers import AutoModelForCausalLM
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     if dtype is None: dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda" and device.index is None: device = torch.device("cuda", torch.cuda.current_device())
     kw = dict(dtype=dtype, trust_remote_code=trust_remote_code)
     if attn_implementation is not None: kw["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
-    return model.to(device).eval().requires_grad_(False)
+    if importlib.util.find_spec("accelerate") is None:   # an install from before accelerate became a requirement
+        warnings.warn("accelerate is not installed: the target is built in host memory, then moved "
+                      "(pip install accelerate)")
+        return AutoModelForCausalLM.from_pretrained(str(path), **kw).to(device).eval().requires_grad_(False)
+    # device_map puts each tensor on `device` as it is read: the host never holds the whole model (each rank: its own)
+    model = AutoModelForCausalLM.from_pretrained(str(path), device_map={"": str(device)}, **kw)
+    return model.eval().requires_grad_(False)
 
 # %% ../nbs/07_target.ipynb #b32f4901
 class _StopForward(Exception):
@@ -140,17 +147,81 @@ def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[li
     if cur: batches.append(cur)
     return batches
 
+# %% ../nbs/07_target.ipynb #b8d2f3e1
+_PACKED_DENSE = ("qwen3", "llama")              # dense model types whose packed forward is proven equal per document
+_PACKED_HYBRID = ("qwen3_5_text", "qwen3_5")    # hybrids: packed only with the varlen linear-attention kernels
+
+def _text_config(model: nn.Module):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+def _device_type(model: nn.Module) -> str:
+    "The device type the target's embedding sits on ('cuda', 'cpu', ...)."
+    return model.get_input_embeddings().weight.device.type
+
+def _linear_attention_module(model: nn.Module):
+    "The modeling module of the target's first linear-attention layer (where transformers bound its kernels), or None."
+    for layer in find_decoder_layers(model):
+        mixer = getattr(layer, "linear_attn", None)
+        if mixer is not None: return sys.modules[type(mixer).__module__]
+    return None
+
+def _bound_kernel(module, name: str) -> str | None:
+    "The package transformers bound to the kernel-or-torch function `name` of `module` at import; None: torch."
+    fn = getattr(module, name, None)
+    if fn is None or fn.__closure__ is None: return None
+    cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    return cells.get("package") if cells.get("is_new_implementation") else None
+
+def _uses_hub_kernels(model: nn.Module) -> bool:
+    return bool(getattr(model, "_use_kernels", False) or getattr(model, "use_kernels", False) is True)
+
+def packed_support(model: nn.Module) -> tuple[bool, str]:
+    "Whether a packed row can run as one forward with its documents isolated, and why (or why not)."
+    cfg = _text_config(model)
+    impl = str(getattr(cfg, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", "eager"))
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    flash = impl.startswith("flash_attention")
+    if impl not in ("sdpa", "eager") and not flash:
+        return False, f"attention implementation {impl!r} is not verified with a block-diagonal mask"
+    how = "varlen flash attention (cu_seq_lens)" if flash else f"{impl} with a block-diagonal causal mask"
+    if cfg.model_type in _PACKED_DENSE and kinds == {"full_attention"}:
+        return True, f"dense {cfg.model_type}: {how}, positions restart per document"
+    if cfg.model_type not in _PACKED_HYBRID or not kinds <= {"full_attention", "linear_attention"}:
+        return False, f"packing is not verified for model type {cfg.model_type!r} (layer kinds {sorted(kinds)})"
+    if _uses_hub_kernels(model): return False, "hub kernels are not verified with packed (varlen) input"
+    mod = _linear_attention_module(model)
+    missing = [pkg for fn, pkg in (("torch_chunk_gated_delta_rule", "flash-linear-attention"),
+                                   ("causal_conv1d_fn", "causal-conv1d")) if _bound_kernel(mod, fn) is None]
+    if missing:   # the torch reference conv and recurrence would carry one document into the next
+        return False, (f"hybrid {cfg.model_type}: the linear-attention layers run the torch reference, which cannot "
+                       f"keep packed documents apart ({' and '.join(missing)} not installed); "
+                       f"pip install {' '.join(missing)}")
+    if _device_type(model) != "cuda": return False, "the linear-attention kernels need CUDA"
+    return True, f"hybrid {cfg.model_type}: fla/causal-conv1d varlen (cu_seqlens, seq_idx); full attention: {how}"
+
+def block_causal_mask(
+    lengths: list[int],    # document lengths, in row order
+    dtype: torch.dtype,    # the model's dtype: an additive mask (0 / most negative), which sdpa and eager both accept
+    device=None,
+) -> torch.Tensor:
+    "Additive `(1, 1, T, T)` causal mask: token t sees only earlier tokens of its own document (T = sum(lengths))."
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
+    keep = (doc[:, None] == doc[None, :]).tril_()
+    return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
+
 # %% ../nbs/07_target.ipynb #0486fddb
 class TargetFeatures:
-    "Concatenated hidden states of chosen target layers for a packed row, each document run alone, forward stopped early."
+    "Concatenated hidden states of chosen target layers for a packed row, documents isolated, forward stopped early."
     def __init__(
         self,
         model: nn.Module,                # a transformers CausalLM (frozen; put in eval mode here)
         layer_ids: list[int],            # id i = output of decoder layer i (= HF hidden_states[i+1])
         max_batch_tokens: int = 16384,   # padded tokens per micro-batch (n_docs × longest doc)
         use_attention_mask: bool = True, # pass the padding mask (right padding is causal-safe without it too)
-        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's logits
-    ):                                   # through the shared lm_head, for distillation; the forward then runs every layer
+        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's
+                                         # logits through the shared lm_head, for distillation; runs every layer
+        packing: str = "auto",           # "packed": one unpadded forward per row; "padded": length-bucketed
+    ):                                   # micro-batches; "auto": packed where `packed_support` allows it
         self.model = model.eval().requires_grad_(False)
         self.layers = find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
@@ -164,6 +235,16 @@ class TargetFeatures:
         self.hidden_size = int(cfg.hidden_size)
         self.num_target_layers = len(self.layers)
         self.pad_token_id = int(getattr(cfg, "pad_token_id", None) or 0)
+        self.packing, self.packing_reason = self._choose_packing(packing)
+
+    def _choose_packing(self, packing: str) -> tuple[str, str]:
+        "Which path runs ('packed' or 'padded') and why."
+        if packing not in ("auto", "packed", "padded"):
+            raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
+        if packing == "padded": return "padded", "packing='padded' was asked for"
+        ok, why = packed_support(self.model)
+        if packing == "packed" and not ok: raise ValueError(f"packing='packed' is not possible for this target: {why}")
+        return ("packed" if ok else "padded"), why
 
     @property
     def num_features(self) -> int: return len(self.layer_ids)
@@ -195,36 +276,94 @@ class TargetFeatures:
         finally:
             for h in handles: h.remove()
 
-    def _run(self, ids: torch.Tensor, mask: torch.Tensor) -> dict:
-        "One micro-batch (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
+    def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
+        "One forward (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
         store = {}
-        pos = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
         with self._hooks(store), torch.inference_mode():
             try:
-                self.model(input_ids=ids, attention_mask=mask if self.use_attention_mask else None,
-                           position_ids=pos, use_cache=False)
+                self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
             except _StopForward: pass
             else: raise RuntimeError("the target forward finished without reaching the last hooked layer")
         return store
+
+    def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
+        "Attention mask and extra forward kwargs that keep the documents of one unpadded row apart."
+        dev, cfg = self.device, _text_config(self.model)
+        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
+        kwargs, mask = {}, None
+        if str(getattr(cfg, "_attn_implementation", "")).startswith("flash_attention"):
+            kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+        elif len(lengths) > 1:
+            mask = block_causal_mask(lengths, self.dtype, dev)   # T² entries: 32 MB in bf16 at T = 4096
+        if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
+            mask = {"full_attention": mask, "linear_attention": None}
+            seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32, device=dev),
+                                              torch.tensor(lengths, device=dev))
+            kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])   # fla's recurrence / causal-conv1d's conv
+        return mask, kwargs
+
+    def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
+        "Scatter one forward's captured states into the row's feature matrix."
+        H = self.hidden_size
+        pick = (lambda t: t.to(out.device)[valid]) if valid is not None else (lambda t: t.to(out.device)[0])
+        with torch.no_grad():
+            for j, lid in enumerate(self.layer_ids):
+                out[rows, j * H:(j + 1) * H] = pick(store[lid]).to(out.dtype)   # layers may sit on other GPUs
+            if self.final_norm is not None: out[rows, self.feature_size:] = pick(store["final"]).to(out.dtype)
 
     def __call__(
         self,
         input_ids: torch.Tensor,  # (S,) long, one packed row
         doc_ids: torch.Tensor,    # (S,) long, −1 = padding
     ) -> torch.Tensor:
-        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); each document alone; zeros at padding."
-        S, H, dev = input_ids.shape[0], self.hidden_size, self.device
+        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at padding."
+        S, dev = input_ids.shape[0], self.device
         out = torch.zeros(S, self.output_size, dtype=self.dtype, device=dev)
-        input_ids = input_ids.to(dev)
-        for batch in bucket_spans(document_spans(doc_ids), self.max_batch_tokens):
+        input_ids, spans = input_ids.to(dev), document_spans(doc_ids)
+        if self.packing == "packed" and spans:   # one forward over the real tokens only: no padding computed
+            lengths = [e - s for s, e in spans]
+            rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
+            pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None]
+            mask, kwargs = self._packed_inputs(lengths)
+            self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
+            return out
+        for batch in bucket_spans(spans, self.max_batch_tokens):
             lens = torch.tensor([e - s for s, e in batch], device=dev)
             valid = torch.arange(int(lens.max()), device=dev)[None, :] < lens[:, None]   # (b, T) right padding
             rows = torch.cat([torch.arange(s, e) for s, e in batch]).to(dev)           # row position of each valid slot
             ids = torch.full(valid.shape, self.pad_token_id, dtype=torch.long, device=dev)
             ids[valid] = input_ids[rows]
-            store = self._run(ids, valid.long())
-            with torch.no_grad():
-                for j, lid in enumerate(self.layer_ids):
-                    out[rows, j * H:(j + 1) * H] = store[lid].to(dev)[valid].to(out.dtype)  # layers may sit on other GPUs
-                if self.final_norm is not None: out[rows, self.feature_size:] = store["final"].to(dev)[valid].to(out.dtype)
+            pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
+            self._write(out, rows, self._run(ids, valid.long() if self.use_attention_mask else None, pos), valid)
         return out
+
+# %% ../nbs/07_target.ipynb #d0f4b5a1
+GPU_INSTALL = "pip install flash-linear-attention causal-conv1d   # or: pip install 'dflash_nb[gpu]'"
+
+def fast_paths(model: nn.Module) -> dict:
+    "Which kernels the target's forward runs (attention, linear attention, causal conv) and whether rows run packed."
+    cfg = _text_config(model)
+    n_linear = list(getattr(cfg, "layer_types", None) or ()).count("linear_attention")
+    rule = conv = None
+    if n_linear:   # mirror transformers' choice: hub kernel if asked for, else the package bound at import, else torch
+        mod, hub = _linear_attention_module(model), _uses_hub_kernels(model)
+        rule = "hub kernel" if hub else (_bound_kernel(mod, "torch_chunk_gated_delta_rule") or "torch reference")
+        conv = "hub kernel" if hub else (_bound_kernel(mod, "causal_conv1d_fn") or "torch reference")
+    packed, why = packed_support(model)
+    report = dict(model_type=cfg.model_type, device=_device_type(model),
+                  attn_implementation=str(getattr(cfg, "_attn_implementation", None)),
+                  linear_attention_layers=n_linear, linear_attention_kernel=rule, causal_conv1d=conv,
+                  packed=packed, packed_reason=why)
+    if report["device"] == "cuda" and "torch reference" in (rule, conv):
+        warnings.warn(f"WARNING: the hybrid target's {n_linear} linear-attention layers run transformers' torch "
+                      f"reference (Gated DeltaNet {rule}, conv {conv}): many times slower than the kernels, and rows "
+                      f"run padded. Install: {GPU_INSTALL}", stacklevel=2)
+    return report
+
+def fast_paths_line(report: dict) -> str:
+    "The `fast_paths` report in one line."
+    lin = (f", linear attention {report['linear_attention_layers']} layers: {report['linear_attention_kernel']}"
+           f" / conv {report['causal_conv1d']}" if report["linear_attention_layers"] else "")
+    path = "packed" if report["packed"] else "padded"
+    return (f"target {report['model_type']} on {report['device']}: attention {report['attn_implementation']}{lin}; "
+            f"rows {path} ({report['packed_reason']})")

@@ -1212,6 +1212,11 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     else: dcfg = drafter_config(target, cfg.drafter, tokenizer)
     from dflash_nb.target import TargetFeatures
     features = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
+    from dflash_nb.target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
+    paths = fast_paths(target)
+    if rank == 0:
+        print(f"{log_prefix}{fast_paths_line(paths)}", flush=True)
+        (run_dir / "target_fast_paths.json").write_text(json.dumps(paths, indent=1) + "\n")
     drafter = build_drafter(dcfg, features, ddev, cfg.seed)
     if cfg.init_from:   # the published weights; a resume replaces them with the checkpoint's
         log.record({"event": "warm_start", "from": cfg.init_from, "tensors": load_warm_start(drafter, cfg.init_from)})

@@ -1,8 +1,12 @@
 """Target feature capture (dflash_nb.target) on tiny Qwen3, Qwen3.5-hybrid and Llama models built from configs."""
+import importlib.util
+from pathlib import Path
 import pytest, torch
 from torch import nn
+import dflash_nb.target as target_mod
 from dflash_nb.target import (default_target_layer_ids, find_decoder_layers, tiny_target, load_target, TargetFeatures,
-                              document_spans, bucket_spans)
+                              document_spans, bucket_spans, block_causal_mask, packed_support, fast_paths,
+                              fast_paths_line)
 
 ARCHS = ["qwen3", "qwen3_5", "llama"]
 
@@ -75,13 +79,16 @@ def test_hook_features_equal_hidden_states(models, arch):
     torch.testing.assert_close(f2, reference_features(m, ids, [3, 0, 3]), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("max_batch_tokens", [1, 80, 100_000])
-def test_packed_row_equals_documents_alone(models, arch, max_batch_tokens):
+# the padded path at three bucket sizes for every arch; the packed path (dense: "auto" packs; max_batch_tokens unused)
+CASES = [(a, mbt, "padded") for a in ARCHS for mbt in (1, 80, 100_000)] + [("qwen3", 1, "auto"), ("llama", 1, "auto")]
+
+
+@pytest.mark.parametrize("arch,max_batch_tokens,packing", CASES)
+def test_packed_row_equals_documents_alone(models, arch, max_batch_tokens, packing):
     # 70 > the DeltaNet chunk (64): the hybrid's chunked recurrence runs over more than one chunk with padding
     lengths = [5, 70, 1, 17, 33, 2]
     docs, ids, doc_ids = packed_row(lengths, pad=6, seed=2)
-    tf = TargetFeatures(models[arch], [0, 2, 4], max_batch_tokens=max_batch_tokens)
+    tf = TargetFeatures(models[arch], [0, 2, 4], max_batch_tokens=max_batch_tokens, packing=packing)
     f = tf(ids, doc_ids)
     start = 0
     for d in docs:
@@ -115,9 +122,14 @@ def test_forward_stops_after_last_needed_layer(models, arch):
     handles.append(m.lm_head.register_forward_pre_hook(count("lm_head")))
     try:
         docs, ids, doc_ids = packed_row([4, 8, 3], seed=4)
-        tf = TargetFeatures(m, [2, 1], max_batch_tokens=16)   # micro-batches [8, 4], [3]
+        tf = TargetFeatures(m, [2, 1], max_batch_tokens=16, packing="padded")   # micro-batches [8, 4], [3]
         tf(ids, doc_ids)
         assert calls == {"layer0": 2, "layer1": 2, "layer2": 2}
+        calls.clear()
+        tf = TargetFeatures(m, [2, 1], max_batch_tokens=16)
+        tf(ids, doc_ids)   # packed where supported: one forward for the whole row
+        n = 1 if tf.packing == "packed" else 2
+        assert calls == {"layer0": n, "layer1": n, "layer2": n}
         # hooks are gone after the call: the model still runs to the logits
         calls.clear()
         with torch.no_grad():
@@ -216,3 +228,181 @@ def test_cuda_bf16_capture(arch):
         torch.testing.assert_close(f[start:start + len(d)].float(),
                                    reference_features(m, d.cuda(), [1, 2, 4]).float(), rtol=3e-2, atol=3e-2)
         start += len(d)
+
+
+# ---- packed rows: one forward per row, documents isolated by positions + a block-diagonal mask (or varlen kernels)
+
+def per_document(model, ids, doc_ids, layer_ids, final_hidden=False):
+    "The naive reference: every document of the row run alone (padded path, one document per forward)."
+    tf = TargetFeatures(model, layer_ids, final_hidden=final_hidden, packing="padded", max_batch_tokens=1)
+    return tf(ids, doc_ids)
+
+
+def test_block_causal_mask():
+    m = block_causal_mask([2, 1, 3], torch.float32)
+    assert m.shape == (1, 1, 6, 6) and m.dtype == torch.float32
+    keep = (m[0, 0] == 0).int()
+    assert keep.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 1, 0, 0, 0],
+                             [0, 0, 0, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]]
+    assert m[0, 0, 0, 1] == torch.finfo(torch.float32).min
+    assert block_causal_mask([4], torch.bfloat16).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("final_hidden", [False, True])
+def test_packed_equals_per_document_dense(arch, attn, final_hidden):
+    m = tiny_target(arch, attn_implementation=attn)
+    # padding at the end and a padding run between documents; a 1-token document; 70 > one 64-token tile
+    _, ids, doc_ids = packed_row([5, 70, 1, 17], pad=6, seed=11)
+    doc_ids = torch.cat([doc_ids[:5], torch.full((3,), -1), doc_ids[5:]])
+    ids = torch.cat([ids[:5], torch.zeros(3, dtype=torch.long), ids[5:]])
+    tf = TargetFeatures(m, [0, 2, 3], final_hidden=final_hidden)
+    assert tf.packing == "packed" and attn in tf.packing_reason, tf.packing_reason
+    f = tf(ids, doc_ids)
+    torch.testing.assert_close(f, per_document(m, ids, doc_ids, [0, 2, 3], final_hidden), rtol=1e-5, atol=1e-5)
+    assert torch.equal(f[doc_ids < 0], torch.zeros(9, tf.output_size))
+
+
+def test_packed_isolation_can_fail(models, monkeypatch):
+    "Fault injection: a causal mask over the whole row (positions still restarting): document 2 sees document 1."
+    m = models["qwen3"]
+    _, ids, doc_ids = packed_row([9, 12], seed=12)
+    good = TargetFeatures(m, [1, 2])(ids, doc_ids)
+    real = target_mod.block_causal_mask
+    one_block = lambda lengths, dtype, device=None: real([sum(lengths)], dtype, device)
+    monkeypatch.setattr(target_mod, "block_causal_mask", one_block)
+    leaky = TargetFeatures(m, [1, 2])(ids, doc_ids)
+    torch.testing.assert_close(leaky[:9], good[:9], rtol=1e-5, atol=1e-5)
+    assert (leaky[9:] - good[9:]).abs().max() > 1e-2
+
+
+def test_hybrid_without_fla_falls_back_to_padded_and_says_so(models):
+    m = models["qwen3_5"]
+    ok, why = packed_support(m)
+    assert not ok and "flash-linear-attention" in why and "causal-conv1d" in why and "pip install" in why
+    tf = TargetFeatures(m, [1, 2])
+    assert tf.packing == "padded" and tf.packing_reason == why
+    with pytest.raises(ValueError, match="packing='packed' is not possible.*flash-linear-attention"):
+        TargetFeatures(m, [1, 2], packing="packed")
+    with pytest.raises(ValueError, match="packing must be"):
+        TargetFeatures(m, [1, 2], packing="both")
+    assert TargetFeatures(models["qwen3"], [1], packing="padded").packing_reason == "packing='padded' was asked for"
+
+
+def test_packing_support_by_model_and_attention():
+    assert packed_support(tiny_target("qwen3", attn_implementation="eager"))[0]
+    ok, why = packed_support(tiny_target("qwen3", attn_implementation="flex_attention"))
+    assert not ok and "flex_attention" in why
+
+
+def test_fast_paths_report_and_line(models):
+    r = fast_paths(models["qwen3"])
+    assert r == dict(model_type="qwen3", device="cpu", attn_implementation="sdpa", linear_attention_layers=0,
+                     linear_attention_kernel=None, causal_conv1d=None, packed=True, packed_reason=r["packed_reason"])
+    assert "rows packed" in fast_paths_line(r) and "linear attention" not in fast_paths_line(r)
+    h = fast_paths(models["qwen3_5"])
+    assert (h["linear_attention_layers"], h["linear_attention_kernel"], h["causal_conv1d"], h["packed"]) == \
+        (4, "torch reference", "torch reference", False)
+    assert "linear attention 4 layers: torch reference / conv torch reference; rows padded" in fast_paths_line(h)
+
+
+def test_fast_paths_warns_on_cuda_reference_path(models, monkeypatch):
+    "Fault injection: the target claims to sit on CUDA; the hybrid on the torch reference warns with the install line."
+    import warnings
+    monkeypatch.setattr(target_mod, "_device_type", lambda model: "cuda")
+    with pytest.warns(UserWarning, match="WARNING.*torch reference.*pip install flash-linear-attention causal-conv1d"):
+        fast_paths(models["qwen3_5"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fast_paths(models["qwen3"])                       # a dense target on CUDA has nothing to warn about
+        bound = lambda mod, name: {"causal_conv1d_fn": "causal_conv1d"}.get(name, "fla")
+        monkeypatch.setattr(target_mod, "_bound_kernel", bound)
+        r = fast_paths(models["qwen3_5"])                 # kernels bound: no warning, and the hybrid runs packed
+    assert (r["linear_attention_kernel"], r["causal_conv1d"], r["packed"]) == ("fla", "causal_conv1d", True)
+    assert "cu_seqlens" in r["packed_reason"]
+
+
+def test_fast_paths_reads_what_transformers_bound(models):
+    "The kernel report reads the package transformers bound into the modeling module at import (torch here: no fla)."
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
+    assert target_mod._linear_attention_module(models["qwen3_5"]) is mq
+    fla = importlib.util.find_spec("fla") is not None
+    assert target_mod._bound_kernel(mq, "torch_chunk_gated_delta_rule") == ("fla" if fla else None)
+    assert target_mod._bound_kernel(mq, "no_such_function") is None
+
+
+PROBE = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+from dflash_nb.target import load_target
+def status(key): return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":"))
+path, how = sys.argv[1], sys.argv[2]
+load_target(path, device="meta")                 # warm up (imports, modeling code) without reading a weight
+open("/proc/self/clear_refs", "w").write("5")    # reset the peak resident size (VmHWM) to the current one
+base = status("VmRSS")
+if how == "host_then_move": m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("meta")
+else: m = load_target(path, dtype=torch.bfloat16, device="meta")
+assert next(m.parameters()).device.type == "meta" and not m.training
+print((status("VmHWM") - base) / 1024)
+"""
+
+
+@pytest.mark.slow
+def test_load_target_puts_weights_straight_on_the_device(tmp_path):
+    "Peak host memory of a bf16 load onto a non-host device (meta stands in for a GPU): the old way holds the model."
+    # two fresh interpreters importing transformers: ~15 s on two quiet cores
+    import subprocess, sys
+    big = tiny_target("qwen3", hidden_size=512, num_layers=4, intermediate_size=1536, num_heads=8, num_kv_heads=4,
+                      head_dim=64, vocab_size=32000, pad_token_id=0, eos_token_id=1)
+    weights_mib = sum(p.numel() for p in big.parameters()) * 4 / 2**20     # ~173 MiB fp32 on disk
+    big.save_pretrained(tmp_path)
+    def peak(how):
+        p = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path), how], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return float(p.stdout.split()[-1])
+    old, new = peak("host_then_move"), peak("load_target")
+    assert old > 0.5 * weights_mib, (old, weights_mib)        # the test can fail: the old way reads it all into host
+    assert new < 0.1 * weights_mib, (new, weights_mib)
+
+
+def test_load_target_without_accelerate_warns_and_still_loads(tmp_path, models, monkeypatch):
+    "Fault injection: an install without accelerate falls back to build-then-move, and says so."
+    models["qwen3"].save_pretrained(tmp_path)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "accelerate" else real(name, *a))
+    with pytest.warns(UserWarning, match="accelerate is not installed"):
+        m = load_target(tmp_path, device="cpu")
+    assert torch.equal(m.lm_head.weight, models["qwen3"].lm_head.weight)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_cuda_packed_equals_per_document(arch):
+    "On CUDA with flash-linear-attention + causal-conv1d the hybrid runs packed too; features match per-document runs."
+    m = tiny_target(arch, dtype=torch.bfloat16).cuda()
+    if arch == "qwen3_5" and not packed_support(m)[0]:
+        pytest.skip(packed_support(m)[1])
+    _, ids, doc_ids = packed_row([40, 7, 130, 1], pad=3, seed=13)
+    tf = TargetFeatures(m, [1, 2, 4], packing="packed")
+    f = tf(ids.cuda(), doc_ids.cuda())
+    ref = per_document(m, ids.cuda(), doc_ids.cuda(), [1, 2, 4])
+    torch.testing.assert_close(f.float(), ref.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_build_run_reports_fast_paths(tmp_path, capsys):
+    "The trainer prints the target's fast-path report in one line and writes it to the run dir."
+    import json, sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _trainer_common import make_data, train_cfg
+    from dflash_nb.trainer import build_run
+    cfg = train_cfg(tmp_path / "run", make_data(tmp_path / "data", n=4), steps=1)
+    locks = []
+    try:
+        run = build_run(cfg, locks=locks)
+    finally:
+        for lock in locks: lock.release()
+    report = json.loads((tmp_path / "run" / "target_fast_paths.json").read_text())
+    assert report == fast_paths(run.target) and report["packed"] and run.features.packing == "packed"
+    assert fast_paths_line(report) in capsys.readouterr().out
