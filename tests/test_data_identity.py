@@ -17,8 +17,8 @@ SMALL = dict(workers=1, max_seq_len=160, min_loss_tokens=1, shard_bytes=1500, ve
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dflash_nb.data", *map(str, args)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=300)
+    cmd = [sys.executable, "-m", "dflash_nb.data", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 def _files(d: Path) -> dict:
@@ -32,7 +32,7 @@ def _inputs(tmp_path):
 
 
 def test_other_inputs_into_a_data_set_are_refused_unless_replace(tmp_path):
-    "Same settings, other input: the CLI exits 2 with one line and touches nothing; the same input resumes; --replace replaces."
+    "Other input, same settings: CLI exit 2 (one line), nothing touched; the same input resumes; --replace replaces."
     a, b = _inputs(tmp_path)
     out = tmp_path / "D"
     first = tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
@@ -40,13 +40,14 @@ def test_other_inputs_into_a_data_set_are_refused_unless_replace(tmp_path):
     r = _cli("--input", b, "--tokenizer", qwen3_tokenizer_dir(), "--out", out, "--workers", "1", "max_seq_len=160",
              "min_loss_tokens=1", "shard_bytes=1500")
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert f"--out {out} holds another data set ({first['dataset_id']}" in r.stderr and "--replace" in r.stderr, r.stderr
+    assert f"--out {out} holds another data set ({first['dataset_id']}" in r.stderr, r.stderr
+    assert "--replace" in r.stderr
     assert _files(out) == before
-    again = tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)           # the same inputs: a resume, nothing redone
+    again = tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)     # the same inputs: a resume
     assert again["dataset_id"] == first["dataset_id"] and again["run"]["shards_skipped"] == len(first["shards"])
     assert [i["name"] for i in again["inputs"]] == ["a.jsonl"] and again["inputs"][0]["hash"].startswith("sha256:")
     before = _files(out)
-    data = a.read_bytes()                                                           # one byte edited, same size: another input
+    data = a.read_bytes()                                  # one byte edited, same size: another input
     a.write_bytes(data.replace(b"the", b"thE", 1))
     with pytest.raises(OutDirError, match="holds another data set"):
         tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
@@ -60,7 +61,7 @@ def test_other_inputs_into_a_data_set_are_refused_unless_replace(tmp_path):
 
 
 def test_a_file_this_program_did_not_write_is_never_deleted(tmp_path):
-    "Someone's audit.json (or a damaged manifest.json) in a data set's directory: refused, never deleted, even with --replace."
+    "Someone's audit.json in a data set's directory: refused, never deleted, even with --replace."
     a, b = _inputs(tmp_path)
     out = tmp_path / "D"
     tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
@@ -70,12 +71,12 @@ def test_a_file_this_program_did_not_write_is_never_deleted(tmp_path):
         with pytest.raises(OutDirError, match="audit.json was not written by python -m dflash_nb.data"):
             tokenize_dataset(str(src), qwen3_tokenizer_dir(), out, replace=replace, **SMALL)
         assert _files(out) == before
-    (out / "audit.json").unlink()                                                  # moved away: a rerun is a resume again
+    (out / "audit.json").unlink()                                             # moved away: a rerun is a resume again
     assert tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)["run"]["shards_skipped"] > 0
 
 
 def test_leftover_temp_files_of_a_killed_run_are_cleaned(tmp_path):
-    "Temp files of shards, manifest and audit from a killed run are removed on the next start; other hidden files stay."
+    "Temp files of shards, manifest and audit of a killed run are removed at the next start; other hidden files stay."
     a, _ = _inputs(tmp_path)
     out = tmp_path / "D"
     tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
