@@ -354,15 +354,15 @@ def test_resume_of_another_runs_checkpoint_into_a_run_dir_refused(tmp_path, data
     a, b = tmp_path / "a", tmp_path / "b"
     train(train_cfg(a, data_dir, steps=2, checkpoint={"every": 2}))
     train(train_cfg(b, data_dir, steps=4, checkpoint={"every": 4}))
-    rid_a, rid_b = (json.loads((d / "run.json").read_text())["run_id"] for d in (a, b))
-    assert rid_a != rid_b and json.loads((latest(a) / "state.json").read_text())["run_id"] == rid_a
     before = _snap(a)
     cfg = write_run_config(tmp_path / "a.yaml", train_dict(a, data_dir, steps=6, checkpoint={"every": 2}))
     p = run_module(cfg, f"train.resume={b}")
     assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert _snap(a) == before
+    rid_a, rid_b = (json.loads((d / "run.json").read_text())["run_id"] for d in (a, b))
+    assert rid_a != rid_b and json.loads((latest(a) / "state.json").read_text())["run_id"] == rid_a
     assert f"holds run {rid_a}" in p.stderr and f"checkpoint of run {rid_b}" in p.stderr, p.stderr
     assert "fresh train.run_dir" in p.stderr
-    assert _snap(a) == before
     s = train(train_cfg(tmp_path / "c", data_dir, steps=6, resume=str(b)))   # into a fresh dir: run B goes on there
     assert s["steps"] == 6 and json.loads((tmp_path / "c" / "run.json").read_text())["run_id"] == rid_b
 
