@@ -367,6 +367,7 @@ def test_resume_of_another_runs_checkpoint_into_a_run_dir_refused(tmp_path, data
     assert s["steps"] == 6 and json.loads((tmp_path / "c" / "run.json").read_text())["run_id"] == rid_b
 
 
+@pytest.mark.slow   # three short runs: ~29 s on the shared, loaded 2-core machine
 def test_resume_auto_without_latest_uses_the_newest_complete_step_or_refuses(tmp_path, data_dir):
     "Step dirs but no `latest` (a killed save): resume=auto continues from the newest complete step, never from 0."
     run = tmp_path / "run"
