@@ -519,20 +519,17 @@ def iter_range_lines(stream, start: int, end: int):
 
 # %% ../nbs/01_data.ipynb #a7d1c002
 def _file_hash(f: InputFile, cfg: DataConfig) -> str:
-    "What identifies one input's content: its S3 ETag (no read), else sha256 of the local file's bytes."
-    if f.uri.startswith("s3://"):
-        bucket, key = split_s3(f.uri)
-        try: return "etag:" + _s3(cfg).head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
-        except Exception as err: raise InputError(f"input {f.uri}: S3 error: {' '.join(str(err).split())[:300]}") from None
+    "sha256 of one input's bytes, read as the shards read it (local file or S3 object): the same content, the same hash."
     h = hashlib.sha256()
     try:
-        with open(f.uri, "rb") as fh:
+        with open_input(f, 0, cfg) as fh:
             while chunk := fh.read(1 << 22): h.update(chunk)
-    except OSError as err: raise InputError(f"input file {f.uri}: cannot read it ({err.strerror})") from None
+    except Exception as err:
+        raise InputError(f"input {f.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
     return "sha256:" + h.hexdigest()[:32]
 
 def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) -> list[dict]:
-    "Each input as the manifest lists it: name, size and content hash (S3 ETag or sha256 of the bytes)."
+    "Each input as the manifest lists it: name, size and content hash (sha256 of the bytes)."
     cfg = cfg or DataConfig()
     return [{"name": f.name, "size": f.size, "hash": _file_hash(f, cfg)} for f in files]
 
@@ -848,7 +845,12 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     set's, each proven ours by its content); a file of one of our names that this program did not write is refused."""
     if not out_dir.exists(): return []
     if not out_dir.is_dir(): raise OutDirError(f"--out {out_dir} is not a directory")
-    ids, ours, unknown = set(), [], []
+    ids, ours, unknown, listed = set(), [], [], set()
+    for name in ("manifest.json", "audit.json"):   # the shards a manifest of ours lists are ours, even when damaged
+        try: m = json.loads((out_dir / name).read_text())
+        except (OSError, ValueError): continue
+        if isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/"):
+            listed |= {s.get("file") for s in m.get("shards", []) if isinstance(s, dict)}
     for p in sorted(out_dir.iterdir()):
         if not _OWN.match(p.name) or p.name.startswith("."): continue
         if p.name.endswith(".json"):
@@ -858,7 +860,12 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
             ids.add(m.get("dataset_id") or "an older format")
         else:
             st = shard_stats(p)
-            if st is None: unknown.append(p); continue
+            if st is None and p.name in listed:   # ours, damaged: rebuilt by a resume, deleted by a replace
+                ours.append(p)
+                continue
+            if st is None:
+                unknown.append(p)
+                continue
             ids.add(st.get("dataset") or "an older format")
         ours.append(p)
     others = ids - {ds}
