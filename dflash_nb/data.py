@@ -20,10 +20,11 @@ __all__ = ['SHARD_FORMAT', 'SCHEMA', 'qwen3_tokenizer_dir', 'load_tokenizer', 't
            'tokenizer_fingerprint', 'DataConfig', 'RecordError', 'split_think', 'normalize_messages',
            'normalize_record', 'conversation_samples', 'ChatRenderer', 'loss_mask_naive', 'mask_range_from_offsets',
            'mask_range', 'Encoded', 'SampleEncoder', 'InputFile', 'InputError', 'list_inputs', 'S3RangeReader',
-           'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'parse_line', 'shard_path',
-           'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError', 'CorruptFileError',
-           'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest', 'DataMismatchError',
-           'check_template', 'ShardDataset', 'read_shards', 'synthetic_records', 'write_jsonl', 'main', 'cli']
+           'open_input', 'ShardTask', 'dataset_id', 'plan_shards', 'iter_range_lines', 'input_fingerprints', 'input_id',
+           'parse_line', 'shard_path', 'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit',
+           'DataAuditError', 'CorruptFileError', 'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset',
+           'load_manifest', 'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards', 'synthetic_records',
+           'write_jsonl', 'main', 'cli']
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
@@ -490,7 +491,7 @@ class ShardTask:
     dataset: str = ""
 
 def dataset_id(cfg: DataConfig, fingerprints: dict) -> str:
-    "Identity of a data set (16 hex digits): format, tokenizer and template fingerprints, content settings. Shards and manifest carry it."
+    "Identity of a data set (16 hex digits): format, content settings, `fingerprints` (tokenizer, template, inputs). Shards and manifest carry it."
     content = {k: getattr(cfg, k) for k in _CONTENT_FIELDS}
     return _sha(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True, default=str))[:16]
 
@@ -519,6 +520,26 @@ def iter_range_lines(stream, start: int, end: int):
         if not line: break
         yield n, pos, line
         pos += len(line); n += 1
+
+# %% ../nbs/01_data.ipynb #a7d1c002
+def _file_hash(f: InputFile, cfg: DataConfig) -> str:
+    "sha256 of one input's bytes, read as the shards read it (local file or S3 object): the same content, the same hash."
+    h = hashlib.sha256()
+    try:
+        with open_input(f, 0, cfg) as fh:
+            while chunk := fh.read(1 << 22): h.update(chunk)
+    except Exception as err:
+        raise InputError(f"input {f.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+    return "sha256:" + h.hexdigest()[:32]
+
+def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) -> list[dict]:
+    "Each input as the manifest lists it: name, size and content hash (sha256 of the bytes)."
+    cfg = cfg or DataConfig()
+    return [{"name": f.name, "size": f.size, "hash": _file_hash(f, cfg)} for f in files]
+
+def input_id(inputs: list[dict]) -> str:
+    "Identity (16 hex digits) of the inputs listed by `input_fingerprints`: another file, name or content gives another id."
+    return _sha(json.dumps(inputs, sort_keys=True))[:16]
 
 # %% ../nbs/01_data.ipynb #b688b088
 def parse_line(line: bytes):
@@ -833,10 +854,15 @@ _OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{
 def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     """Check, touching nothing, that `out_dir` may receive data set `ds`: it is missing or empty, holds this data set (a
     resume), or (`replace`) another data set written by this program. Returns the files to delete first (another data
-    set's); files whose names this program does not write are never touched."""
+    set's, each proven ours by its content); a file of one of our names that this program did not write is refused."""
     if not out_dir.exists(): return []
     if not out_dir.is_dir(): raise OutDirError(f"--out {out_dir} is not a directory")
-    ids, ours, unknown = set(), [], []
+    ids, ours, unknown, listed = set(), [], [], set()
+    for name in ("manifest.json", "audit.json"):   # the shards a manifest of ours lists are ours, even when damaged
+        try: m = json.loads((out_dir / name).read_text())
+        except (OSError, ValueError): continue
+        if isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/"):
+            listed |= {s.get("file") for s in m.get("shards", []) if isinstance(s, dict)}
     for p in sorted(out_dir.iterdir()):
         if not _OWN.match(p.name) or p.name.startswith("."): continue
         if p.name.endswith(".json"):
@@ -846,18 +872,23 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
             ids.add(m.get("dataset_id") or "an older format")
         else:
             st = shard_stats(p)
-            if st is None: unknown.append(p); continue
+            if st is None and p.name in listed:   # ours, damaged: rebuilt by a resume, deleted by a replace
+                ours.append(p)
+                continue
+            if st is None:
+                unknown.append(p)
+                continue
             ids.add(st.get("dataset") or "an older format")
         ours.append(p)
     others = ids - {ds}
-    if unknown and not ids:
+    if unknown:   # never deleted nor overwritten, whatever its name: it may be someone's
         raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data (or is damaged); "
-                          f"choose another directory or remove it yourself")
+                          f"choose another directory or move it away yourself")
     if others and not replace:
-        raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): made with another "
-                          f"tokenizer, chat template or content setting. Choose another directory, or pass --replace to replace it "
+        raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): made from other "
+                          f"inputs, or with another tokenizer, chat template or content setting. Choose another directory, or pass --replace to replace it "
                           f"(only the shards and manifest this program wrote are deleted)")
-    return ours + unknown if others else []
+    return ours if others else []
 
 def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True, **overrides) -> dict:
     "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) with the tokenizer in `tokenizer_dir` (or a loaded one) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
@@ -870,6 +901,8 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     tkw, parts = cfg.template_kwargs(), tokenizer_parts(tok)
     fps = {"tokenizer": _sha(json.dumps(parts, sort_keys=True))[:16], "template": template_fingerprint(tok, tkw)}
     files = list_inputs(inputs, cfg)
+    ins = input_fingerprints(files, cfg)
+    fps["inputs"] = input_id(ins)                                # other inputs make another data set (its id covers them)
     tasks = plan_shards(files, cfg, fps)
     ds = dataset_id(cfg, fps)
     remove = _claim_out_dir(out_dir, ds, cfg.replace)
@@ -877,7 +910,7 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     for p in remove: p.unlink(missing_ok=True)                   # another data set of ours, replaced as asked
     (out_dir / "manifest.json").unlink(missing_ok=True)          # a directory without manifest is not a finished data set
-    for p in out_dir.glob(".shard-*.tmp*"):                      # leftovers of a killed run
+    for p in out_dir.glob(".*.tmp*"):                            # leftovers of a killed run: only names this program writes
         if _OWN.match(p.name): p.unlink()
     stats = {t.index: s for t in tasks if (s := shard_stats(shard_path(out_dir, t.index))) and s["key"] == t.key}
     todo = [t for t in tasks if t.index not in stats]
@@ -899,9 +932,9 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
            "shards_skipped": len(tasks) - len(todo), "tokens_per_s": round(new_tokens / max(t_work, 1e-9), 1),
            "tokens_per_s_per_worker": round(new_tokens / max(t_work, 1e-9) / max(1, workers), 1)}
     manifest = {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"], "tokenizer_parts": parts,
-                "template_fingerprint": fps["template"], "template_kwargs": tkw,
+                "template_fingerprint": fps["template"], "template_kwargs": tkw, "input_id": fps["inputs"],
                 "config": {k: v for k, v in to_dict(cfg).items() if k in _CONTENT_FIELDS},
-                "inputs": [{"name": f.name, "size": f.size} for f in files],
+                "inputs": ins,
                 "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"], "lines": s["lines"],
                             "samples": s["kept"], "tokens": s["tokens"], "loss_tokens": s["loss_tokens"]} for s in ordered],
                 "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
@@ -1000,6 +1033,7 @@ class ShardDataset:
             try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(p))).read_all())
             except (OSError, pa.ArrowException) as err:
                 raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m dflash_nb.data to rebuild it") from None
+            _check_shard(p, self.tables[-1], self.manifest, len(self.tables) - 1)
         self.starts = np.cumsum([0] + [t.num_rows for t in self.tables])
         dup = self.manifest.get("duplicates") or {}
         self.index = np.concatenate([np.delete(np.arange(t.num_rows), dup.get(s["file"], [])) + int(o)
@@ -1022,6 +1056,17 @@ class ShardDataset:
 
     def __iter__(self):
         for i in range(len(self)): yield self[i]
+
+def _check_shard(path: Path, table, manifest: dict, index: int):
+    "Refuse a shard that is not the manifest's: of another data set (the id in its statistics), or at another position."
+    ds = manifest.get("dataset_id")
+    if ds is None: return                                   # a manifest from before data set ids
+    try: st = json.loads((table.schema.metadata or {})[b"dflash_nb.shard"])
+    except (KeyError, ValueError): st = {}
+    if st.get("dataset") != ds or st.get("index") != index:
+        what = f"data set {st.get('dataset')}" if st.get("dataset") != ds else f"position {st.get('index')}"
+        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard {index}): refusing to "
+                                f"train on a mix; rerun python -m dflash_nb.data with the data set's inputs to rebuild it")
 
 def read_shards(out_dir) -> ShardDataset:
     "The samples of the finished tokenization run in `out_dir` (list-like, memory-mapped)."

@@ -16,16 +16,18 @@ from .storage import atomic_write_text as _write_atomic, fsync_dir as _fsync_dir
 from .data import check_template   # refuses data made with another chat template or tokenizer
 
 # %% auto #0
-__all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig', 'stable_seed',
-           'RowStream', 'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch',
-           'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError', 'checkpoint_name',
-           'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
-           'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
-           'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
-           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
-           'check_token_ids', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'pick_backend', 'Run',
-           'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
-           'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
+__all__ = ['RUN_FILE', 'TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig',
+           'stable_seed', 'RowStream', 'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch',
+           'make_batch', 'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError',
+           'checkpoint_name', 'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs',
+           'load_rngs', 'prune_checkpoints', 'save_checkpoint', 'clean_killed_saves', 'newest_complete',
+           'resolve_checkpoint', 'load_checkpoint', 'RunLock', 'new_run_id', 'read_run_id', 'checkpoint_run_id',
+           'check_run_dir', 'preflight_run_dir', 's3_permanent', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb',
+           'Metrics', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'warm_start_config',
+           'load_warm_start', 'check_drafter_memory', 'check_token_ids', 'load_samples', 'NonFiniteError',
+           'last_finite_checkpoint', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from',
+           'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'projected_cost', 'format_cost', 'Preemption',
+           'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -482,11 +484,7 @@ def save_checkpoint(ckpt_root, step: int, weights: dict, optimizer, scheduler, s
     if cur is not None and step_of(cur) > step:
         raise CheckpointError(f"{root / 'latest'} names {cur}, later than step {step}: refusing to move `latest` back "
                               f"(resume from {root / cur}, or train into another run_dir)")
-    for stale in root.glob(".tmp-step-*"): shutil.rmtree(stale, ignore_errors=True)   # our own, from a killed save
-    for old in root.glob(".old-step-*"):   # a replaced step whose swap was interrupted: put it back, or drop it
-        name = old.name[5:].rsplit("-", 1)[0]
-        if _STEP_NAME.fullmatch(name) and not (root / name).exists(): os.rename(old, root / name)
-        else: shutil.rmtree(old, ignore_errors=True)
+    clean_killed_saves(root)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"; tmp.mkdir()
     save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, str(tmp / "drafter.safetensors"), metadata={"step": str(step)})
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -507,6 +505,34 @@ def save_checkpoint(ckpt_root, step: int, weights: dict, optimizer, scheduler, s
     _write_atomic(root / "latest", final.name + "\n")
     prune_checkpoints(root, keep, protect)
     return final
+
+_KILLED_SAVE = re.compile(r"\.(tmp|old)-step-\d{1,12}-\d+|\.latest\.tmp-\d+")   # the temp names this module writes
+
+def clean_killed_saves(root) -> list:
+    "Remove what killed saves or downloads left in `root` (only names this module writes); returns their names."
+    root, gone = Path(root), []
+    if not root.is_dir(): return gone
+    for p in sorted(root.iterdir()):
+        if not _KILLED_SAVE.fullmatch(p.name) or p.is_symlink(): continue
+        name = p.name[5:].rsplit("-", 1)[0]
+        if p.name.startswith(".old-") and not (root / name).exists():   # an interrupted swap: the old step is put back
+            os.rename(p, root / name)
+            continue
+        if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
+        else: p.unlink(missing_ok=True)
+        gone.append(p.name)
+    return gone
+
+def newest_complete(root) -> Optional[Path]:
+    "The newest `step-<digits>` dir of `root` that `load_checkpoint` accepts (every file there, readable); else None."
+    root = Path(root)
+    if not root.is_dir(): return None
+    steps = [p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    for d in sorted(steps, key=lambda p: step_of(p.name), reverse=True):
+        try: load_checkpoint(d)
+        except (CheckpointError, FileNotFoundError): continue
+        return d
+    return None
 
 def resolve_checkpoint(path) -> Path:
     "A local checkpoint dir from: a checkpoint dir, a checkpoints dir or run dir (via `latest`, which must name `step-<digits>`)."
@@ -609,6 +635,65 @@ def _has_checkpoints(root: Path) -> Optional[str]:
     if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
     return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
 
+RUN_FILE = "run.json"   # a run dir's (and an S3 prefix's) identity: {"run_id": ..., "created": ...}
+_RUN_ID = re.compile(r"[0-9a-f]{16}")
+
+def new_run_id() -> str:
+    "A fresh run id: 16 random hex digits."
+    return os.urandom(8).hex()
+
+def read_run_id(run_dir) -> Optional[str]:
+    "The run id in `run_dir/run.json`; None when there is none (a new dir, or one from before run ids)."
+    f = Path(run_dir) / RUN_FILE
+    if not f.exists(): return None
+    try: rid = json.loads(f.read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError): rid = None
+    if not isinstance(rid, str) or not _RUN_ID.fullmatch(rid):
+        raise CheckpointError(f"{f} is not a run file of dflash_nb.train (no run_id): move it away or pick another "
+                              f"train.run_dir")
+    return rid
+
+def checkpoint_run_id(src: str, endpoint_url=None) -> Optional[str]:
+    "The run id in the `state.json` of checkpoint `src` (local or s3://); None if it has none or cannot be read here."
+    try:
+        if not str(src).startswith("s3://"): st = json.loads((resolve_checkpoint(src) / "state.json").read_text())
+        else:
+            bucket, key = split_s3(src)
+            key, c = key.strip("/"), s3_client(endpoint_url)
+            if not key.rsplit("/", 1)[-1].startswith("step-"):
+                name = _s3_latest(c, bucket, f"{key}/latest" if key else "latest")
+                if name is None: return None
+                key = f"{key}/{name}" if key else name
+            st = json.loads(c.get_object(Bucket=bucket, Key=f"{key}/state.json")["Body"].read())
+    except Exception: return None
+    rid = st.get("run_id") if isinstance(st, dict) else None
+    return rid if isinstance(rid, str) and _RUN_ID.fullmatch(rid) else None
+
+def check_run_dir(cfg) -> tuple[Optional[str], Optional[str]]:
+    "Refuse, writing nothing, a run dir that holds another history or another run; returns (its run id, the resume's)."
+    run_dir = Path(cfg.run_dir)
+    ckpt_root = run_dir / "checkpoints"
+    held = _has_checkpoints(ckpt_root)
+    if not cfg.resume and held:
+        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with "
+                              f"train.resume=auto, or pick another train.run_dir (a new run never mixes with an old "
+                              f"one)")
+    mine = read_run_id(run_dir)
+    if mine is None and held: mine = checkpoint_run_id(str(ckpt_root))     # a run dir from before run ids
+    named = cfg.resume and cfg.resume != "auto"
+    theirs = checkpoint_run_id(cfg.resume, cfg.checkpoint.s3_endpoint_url) if named else None
+    if mine and theirs and mine != theirs:
+        raise CheckpointError(f"{run_dir} holds run {mine}, but train.resume={cfg.resume} is a checkpoint of run "
+                              f"{theirs}: resuming it here would mix two runs; resume it into a fresh train.run_dir "
+                              f"(one that does not exist yet)")
+    return mine, theirs
+
+def preflight_run_dir(cfg):
+    "Refuse, before anything (tokenized data included) is written, a run dir that `build_run` would refuse."
+    run_dir = Path(cfg.run_dir)
+    if not run_dir.is_dir(): return check_run_dir(cfg)      # a new dir: only the resume source is read
+    with RunLock(run_dir): return check_run_dir(cfg)         # taken and given back: no live trainer holds it
+
 def _resume_changes(ckpt_dir, cfg) -> list[str]:
     "What changed in the optimizer, the schedule or the step count between a checkpoint's config.yaml and `cfg`."
     from dflash_nb.config import load_config
@@ -650,12 +735,14 @@ def _s3_latest(c, bucket: str, key: str) -> Optional[str]:
 class S3Uploader:
     """Background uploader of checkpoint dirs to `s3://bucket/prefix`: files first, `latest` last (never backwards), failed
     uploads retried later, permanent errors fatal; keeps the last `keep` of its own uploads remotely."""
-    def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print):
+    def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print,
+                 run_id: Optional[str] = None):   # the run that must own the prefix (its run.json); None: unchecked
         self.bucket, prefix = split_s3(uri)
         self.prefix = prefix.strip("/")
         self.endpoint_url, self.retries, self.backoff, self.keep, self.report = endpoint_url, retries, backoff, keep, report
         self.q, self.uploaded, self.failed, self.pending = queue.Queue(), [], [], []
         self.lock, self.fatal, self.latest_step, self.remote = threading.Lock(), None, -1, []
+        self.run_id = run_id
         self.thread = threading.Thread(target=self._run, name="s3-upload", daemon=True); self.thread.start()
 
     def key(self, *parts) -> str: return "/".join(p for p in (self.prefix, *parts) if p)
@@ -677,6 +764,43 @@ class S3Uploader:
                          "note": "uploads will be retried"})
             return None
 
+    def owner(self, c=None) -> Optional[str]:
+        "The run id in `prefix/run.json`, None when the prefix has no owner yet."
+        from botocore.exceptions import ClientError
+        c = c or s3_client(self.endpoint_url)
+        try: body = c.get_object(Bucket=self.bucket, Key=self.key(RUN_FILE))["Body"].read()
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
+            raise
+        try: return str(json.loads(body)["run_id"])
+        except (ValueError, KeyError, TypeError): return "(unreadable)"
+
+    def _own(self, c):
+        "Make sure the prefix is this run's: claim it if unowned (put only if absent), else compare the owner."
+        from botocore.exceptions import ClientError
+        if self.run_id is None: return
+        if self.owner(c) is None:
+            body = json.dumps({"run_id": self.run_id, "created": round(time.time(), 3)}).encode()
+            try: c.put_object(Bucket=self.bucket, Key=self.key(RUN_FILE), Body=body, IfNoneMatch="*")
+            except ClientError as e:   # 412: another run put it first (409: a put of it still in flight)
+                if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412): raise
+        owner = self.owner(c)
+        if owner != self.run_id:
+            raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), not to this run "
+                                  f"{self.run_id}: "
+                                  f"give this run a checkpoint.s3_uri of its own (or resume that run from {self.uri()} "
+                                  f"into a fresh train.run_dir)")
+
+    def claim(self):
+        "Claim the prefix before training (another run's: CheckpointError); an unreachable S3: at the first upload."
+        try: self._own(s3_client(self.endpoint_url))
+        except CheckpointError: raise
+        except Exception as e:
+            if s3_permanent(e):
+                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: refused ({type(e).__name__}: {e})") from None
+            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
+                         "note": "the prefix is claimed at the first upload"})
+
     def submit(self, ckpt_dir: Path):
         with self.lock: self.pending.append(Path(ckpt_dir).name)
         self.q.put(Path(ckpt_dir))
@@ -687,6 +811,7 @@ class S3Uploader:
 
     def _upload(self, d: Path):
         c = s3_client(self.endpoint_url)
+        self._own(c)        # checked before every upload: nothing of this run lands in another run's prefix
         files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: (f.name == "state.json", f.name))
         for f in files: c.upload_file(str(f), self.bucket, self.key(d.name, f.name))   # state.json last: the step is complete
         step = step_of(d.name)
@@ -1165,18 +1290,22 @@ class Run:
     model: nn.Module             # the drafter, wrapped in DDP when distributed
     params: list; fused: bool; optimizer: torch.optim.Optimizer; scheduler: object
     lm_head_w: torch.Tensor; backend: str; backend_why: str
+    run_id: Optional[str] = None  # this run's identity (run.json; rank 0): in every checkpoint and S3 prefix it owns
 
     @property
     def B(self) -> int: return self.dcfg.block_size
 
 def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, log_prefix: str):
-    "One owner (the lock), one history (no new run over old checkpoints)."
+    "One owner (the lock), one history (no new run over old checkpoints), one run (run.json's id)."
     locks.append(RunLock(run_dir).acquire())
     if locks[-1].taken_over: print(f"{log_prefix}note: took over the stale lock of pid {locks[-1].taken_over.get('pid')} in {run_dir}", flush=True)
-    held = _has_checkpoints(ckpt_root)
-    if not cfg.resume and held:
-        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with train.resume=auto, "
-                              f"or pick another train.run_dir (a new run never mixes with an old one)")
+    mine, theirs = check_run_dir(cfg)
+    for d in (ckpt_root, run_dir / "resume"):    # the dir is ours now: what killed saves and downloads left goes
+        gone = clean_killed_saves(d)
+        if gone: print(f"{log_prefix}note: removed leftovers of killed saves in {d}: {', '.join(gone)}", flush=True)
+    if mine is None:   # a new run, or a resume continuing the source's run in a new dir
+        ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
+        _write_atomic(run_dir / RUN_FILE, json.dumps(ident) + "\n")
 
 def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "", locks: Optional[list] = None) -> Run:
     "Processes, devices, the run dir (locked: the lock is appended to `locks`), data, models, optimizer, schedule, backend."
@@ -1191,6 +1320,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     run_dir = Path(cfg.run_dir); run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
     _agree(distributed, rank, lambda: _own_run_dir(cfg, run_dir, ckpt_root, locks, log_prefix))
+    run_id = read_run_id(run_dir) if rank == 0 else None
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = _Log(run_dir, rank, cfg.steps)
     from dflash_nb.tracking import Trackers, require_trackers
@@ -1231,7 +1361,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
                                  cfg.max_anchors, run_dir=run_dir if rank == 0 else None)
     return Run(cfg, log_prefix, rank, world, distributed, tdev, ddev, cfg.global_batch // world, run_dir, ckpt_root, log,
                tokenizer, samples, stream, data_id, target, dcfg, features, drafter, model, params, fused, optimizer, scheduler,
-               lm_head_w, backend, why)
+               lm_head_w, backend, why, run_id=run_id)
 
 def drafter_lm_head_weight(drafter, features, device) -> torch.Tensor:
     "The frozen lm_head weight the loss projects with (the drafter's copy on its device)."
@@ -1246,7 +1376,14 @@ def resume_from(run: Run) -> tuple[int, dict]:
     optimizer, scheduler = run.optimizer, run.scheduler
     start, counters = 0, {"nonfinite_total": 0}
     src = cfg.resume
-    if src == "auto": src = str(ckpt_root) if (ckpt_root / "latest").exists() else None
+    if src == "auto" and not (ckpt_root / "latest").exists() and _has_checkpoints(ckpt_root):
+        found = newest_complete(ckpt_root)    # a save killed before `latest` moved: never start over its steps
+        if found is None:
+            raise CheckpointError(f"{ckpt_root} holds step dirs but no `latest` and no complete checkpoint: refusing "
+                                  f"to start over them; move them away or pick another train.run_dir")
+        log.print(f"{log_prefix}note: {ckpt_root} has no `latest`; resuming its newest complete step {found.name}")
+        src = str(found)
+    elif src == "auto": src = str(ckpt_root) if (ckpt_root / "latest").exists() else None
     if not src: return start, counters
     local = download_checkpoint(src, run.run_dir / "resume", cfg.checkpoint.s3_endpoint_url) if src.startswith("s3://") else src
     ck = load_checkpoint(local)
@@ -1285,7 +1422,8 @@ class Checkpointer:
         self.uploader = None
         if cfg.checkpoint.s3_uri and run.rank == 0:
             self.uploader = S3Uploader(cfg.checkpoint.s3_uri, cfg.checkpoint.s3_endpoint_url, cfg.checkpoint.s3_retries,
-                                       cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=run.log.record)
+                                       cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=run.log.record,
+                                       run_id=run.run_id)
         try: _agree(run.distributed, run.rank, (lambda: self._s3_check(start)) if self.uploader else None)
         except CheckpointError:
             if self.uploader: self.uploader.close(timeout=5)
@@ -1301,6 +1439,7 @@ class Checkpointer:
         if remote is not None and step_of(remote) > start:
             raise CheckpointError(f"{uploader.uri('latest')} names {remote}, later than this run's resume point (step {start}): "
                                   f"uploading there would move it back; resume from {uploader.uri()} or use another checkpoint.s3_uri")
+        uploader.claim()    # the prefix becomes this run's (an atomic conditional put), or its other owner refuses us
 
     def checkpoint(self, step: int):
         "Checkpoint the state after `step` optimizer steps (every rank calls it: the RNG gather and the outcome are collective)."
@@ -1316,7 +1455,8 @@ class Checkpointer:
         "Write the checkpoint of `step` (rank 0) and submit it for upload."
         run, cfg, uploader = self.run, self.run.cfg, self.uploader
         state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch, "world_size": run.world,
-                 "data_id": run.data_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
+                 "data_id": run.data_id,
+                 "run_id": run.run_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
         d = save_checkpoint(run.ckpt_root, step, run.drafter.trainable_state_dict(), run.optimizer, run.scheduler, state, rngs, cfg,
                             keep=cfg.checkpoint.keep, kill_midway=cfg.fault.kill_in_checkpoint == step,
                             extra={"drafter_config.json": json.dumps(to_dict(run.dcfg), indent=1)},

@@ -205,7 +205,7 @@ def test_resume_skips_finished_and_repairs(tmp_path):
     (tmp_path / "out" / ".shard-00001.arrow.tmp999").write_bytes(b"partial")
     p = shard_path(tmp_path / "out", 1); p.write_bytes(p.read_bytes()[:100])
     shard_path(tmp_path / "out", 2).unlink()
-    shard_path(tmp_path / "out", n + 3).write_bytes(b"stale")
+    shard_path(tmp_path / "out", n + 3).write_bytes(shard_path(tmp_path / "out", 0).read_bytes())   # ours, by its statistics
     m = tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), tmp_path / "out", cfg, verbose=False)
     assert m["run"]["shards_skipped"] == n - 2
     assert _shard_bytes(tmp_path / "out") == ref

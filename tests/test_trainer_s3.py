@@ -86,3 +86,36 @@ def test_s3_outage_is_retried_reported_and_local_checkpoints_kept(tmp_path, data
                            env=env(**s3.env_vars()), capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         assert s3.client().get_object(Bucket=bucket, Key="x/latest")["Body"].read() == b"step-00000040\n"
+
+
+@pytest.mark.slow   # two real trainers at once: ~40 s on the shared, loaded 2-core machine
+def test_two_trainers_started_together_on_one_prefix(tmp_path, data_dir, s3_server):
+    "Two trainers at once on one S3 prefix (claimed by a conditional put): one trains, the other uploads nothing."
+    bucket = s3_server.make_bucket("race")
+    uri = f"s3://{bucket}/shared"
+    ck = {"every": 1, "keep": 5, "s3_uri": uri}
+    cfgs = [write_run_config(tmp_path / f"{n}.yaml", train_dict(tmp_path / n, data_dir, steps=4, checkpoint=ck))
+            for n in "ab"]
+    procs = [subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(c)], cwd=REPO,
+                              env=env(**s3_server.env_vars()), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+             for c in cfgs]
+    outs = [p.communicate(timeout=300) for p in procs]
+    rcs = sorted((p.returncode, n) for p, n in zip(procs, "ab"))
+    assert [rc for rc, _ in rcs] == [0, 2], outs
+    win, lose = tmp_path / rcs[0][1], tmp_path / rcs[1][1]
+    err = outs["ab".index(rcs[1][1])][1]
+    assert "belongs to run" in err or "already holds checkpoints" in err, err
+    rid = json.loads((win / "run.json").read_text())["run_id"]
+    assert rid != json.loads((lose / "run.json").read_text())["run_id"]
+    c = s3_server.client()
+    assert json.loads(c.get_object(Bucket=bucket, Key="shared/run.json")["Body"].read())["run_id"] == rid
+    lose_log = (lose / "metrics.jsonl").read_text() if (lose / "metrics.jsonl").exists() else ""
+    assert '"s3_upload"' not in lose_log                                   # the loser uploaded nothing
+    for step in range(1, 5):
+        name = f"step-{step:08d}"
+        st = json.loads(c.get_object(Bucket=bucket, Key=f"shared/{name}/state.json")["Body"].read())
+        assert st["run_id"] == rid, (name, st)
+        with s3_server.env(): d = download_checkpoint(f"{uri}/{name}", tmp_path / "dl")
+        wa, wr = weights(win / "checkpoints" / name), weights(d)
+        for k in wa: assert torch.equal(wa[k], wr[k]), (name, k)

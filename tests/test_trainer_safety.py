@@ -341,3 +341,81 @@ def test_half_uploaded_step_is_never_latest(tmp_path, s3_server, monkeypatch):
         assert "step-00000002/drafter.safetensors" in _keys(s3_server, bucket, "p")
         with pytest.raises(CheckpointError, match="not a complete checkpoint"):
             download_checkpoint(f"s3://{bucket}/p/step-00000002", tmp_path / "dl")
+
+
+# ---- a run dir is one run --------------------------------------------------------------------------------------------
+def _snap(d: Path) -> dict:
+    return {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow   # three short runs and a CLI process: ~39 s on the shared, loaded 2-core machine
+def test_resume_of_another_runs_checkpoint_into_a_run_dir_refused(tmp_path, data_dir):
+    "CLI: train.resume=<run B> into run A's dir: exit 2, one line naming both run ids and a fresh dir; A untouched."
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(train_cfg(a, data_dir, steps=2, checkpoint={"every": 2}))
+    train(train_cfg(b, data_dir, steps=4, checkpoint={"every": 4}))
+    before = _snap(a)
+    cfg = write_run_config(tmp_path / "a.yaml", train_dict(a, data_dir, steps=6, checkpoint={"every": 2}))
+    p = run_module(cfg, f"train.resume={b}")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert _snap(a) == before
+    rid_a, rid_b = (json.loads((d / "run.json").read_text())["run_id"] for d in (a, b))
+    assert rid_a != rid_b and json.loads((latest(a) / "state.json").read_text())["run_id"] == rid_a
+    assert f"holds run {rid_a}" in p.stderr and f"checkpoint of run {rid_b}" in p.stderr, p.stderr
+    assert "fresh train.run_dir" in p.stderr
+    s = train(train_cfg(tmp_path / "c", data_dir, steps=6, resume=str(b)))   # into a fresh dir: run B goes on there
+    assert s["steps"] == 6 and json.loads((tmp_path / "c" / "run.json").read_text())["run_id"] == rid_b
+
+
+@pytest.mark.slow   # three short runs: ~29 s on the shared, loaded 2-core machine
+def test_resume_auto_without_latest_uses_the_newest_complete_step_or_refuses(tmp_path, data_dir):
+    "Step dirs but no `latest` (a killed save): resume=auto continues from the newest complete step, never from 0."
+    run = tmp_path / "run"
+    train(train_cfg(run, data_dir, steps=4, checkpoint={"every": 2, "keep": 5}))
+    root = run / "checkpoints"
+    (root / "latest").unlink()
+    (root / "step-00000004" / "optimizer.pt").unlink()                 # step 4 incomplete: the loader refuses it
+    s = train(train_cfg(run, data_dir, steps=6, resume="auto", checkpoint={"every": 2, "keep": 5}))
+    resumed = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"resumed"' in l]
+    assert [(r["from"], r["step"]) for r in resumed] == [(str(root / "step-00000002"), 2)] and s["steps"] == 6
+    assert latest(run).name == "step-00000006" and load_checkpoint(root / "step-00000004")["state"]["step"] == 4
+    other = tmp_path / "other"                                   # no complete step at all: refused, nothing written
+    train(train_cfg(other, data_dir, steps=2, checkpoint={"every": 2}))
+    (other / "checkpoints" / "latest").unlink()
+    (other / "checkpoints" / "step-00000002" / "state.json").unlink()
+    before = _snap(other / "checkpoints")
+    with pytest.raises(CheckpointError, match="no `latest` and no complete checkpoint"):
+        train(train_cfg(other, data_dir, steps=4, resume="auto"))
+    assert _snap(other / "checkpoints") == before
+
+
+def test_train_cli_refuses_the_run_dir_before_tokenizing(tmp_path, data_dir):
+    "CLI with inputs=: a run dir that will be refused (checkpoints, no resume) is refused before any tokenizing."
+    from dflash_nb.data import synthetic_records, write_jsonl
+    import yaml
+    run = tmp_path / "run"
+    train(train_cfg(run, data_dir, steps=2, checkpoint={"every": 2}))
+    before = _snap(run)
+    src = write_jsonl(synthetic_records(4, seed=5, approx_tokens=40), tmp_path / "in.jsonl")
+    cfg = tmp_path / "r.yaml"
+    data = {"workers": 1, "max_seq_len": 160, "min_loss_tokens": 1}
+    cfg.write_text(yaml.safe_dump({"train": train_dict(run, data_dir, steps=2), "inputs": [str(src)], "export": False,
+                                   "data": data, "evaluate": {"num_samples": 0}}))
+    p = run_module(cfg)
+    assert p.returncode == 2 and "already holds checkpoints" in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+    assert not (run / "data").exists() and _snap(run) == before
+
+
+def test_leftovers_of_killed_saves_are_cleaned_on_the_next_start(tmp_path, data_dir):
+    "Temp dirs/files of killed saves and downloads (names the trainer writes) go at the next start; nothing else."
+    run = tmp_path / "run"
+    train(train_cfg(run, data_dir, steps=2, checkpoint={"every": 2}))
+    root = run / "checkpoints"
+    (root / ".tmp-step-00000004-999999").mkdir()
+    (root / ".tmp-step-00000004-999999" / "optimizer.pt").write_bytes(b"half")
+    (root / ".latest.tmp-999999").write_text("step-00000004\n")
+    (run / "resume" / ".tmp-step-00000002-999998").mkdir(parents=True)
+    (root / ".tmp-mine").write_text("not a name the trainer writes")
+    train(train_cfg(run, data_dir, steps=3, resume="auto", checkpoint={"every": 0, "final": False}))
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == [".tmp-mine"]
+    assert list((run / "resume").iterdir()) == []
