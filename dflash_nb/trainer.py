@@ -21,10 +21,10 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError', 'checkpoint_name',
            'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs',
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
-           'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'tokenizer_dir', 'build_target',
-           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples', 'NonFiniteError',
-           'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
-           'train_step', 'log_interval', 'Preemption', 'train']
+           'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'cpu_bf16', 'tokenizer_dir',
+           'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples',
+           'NonFiniteError', 'precision', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from',
+           'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -49,7 +49,7 @@ def _fits_block(max_tokens: int, cfg) -> str | None:
 class TargetConfig:
     path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed weights (demo, tests)")
     tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 tokenizer for the tiny target)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt("auto", "target weight dtype: auto = bfloat16 on GPU, float32 on CPU")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt("auto", "target weight dtype: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else float32")
     attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, flash_attention_2, ...)")
     max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)", keys=_tiny_keys)
@@ -102,7 +102,7 @@ class TrainConfig:
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], [cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain sequential loop")
     queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
-    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU, off on CPU; master weights stay fp32")
+    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else off; master weights stay fp32")
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
@@ -848,9 +848,44 @@ class Metrics:
         self.reset()
         return rec
 
+# %% ../nbs/08_trainer.ipynb #b7c1e2a1
+def _cpu_flags() -> set:
+    "The CPU feature flags of /proc/cpuinfo (empty where there is no such file)."
+    try: text = Path("/proc/cpuinfo").read_text()
+    except OSError: return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
+    "Measured GFLOP/s of an n×n matmul in `dtype` on this process's threads (best of `reps`)."
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    best = float("inf")
+    for _ in range(reps + 1):   # the first is a warm-up (kernel selection, page faults)
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+_CPU_BF16 = {}
+
+def cpu_bf16(min_speedup: float = 2.0) -> dict:
+    "Whether this CPU runs bf16 matmuls natively: its flags (amx_bf16, avx512_bf16) and a timed probe, bf16 vs fp32 (cached)."
+    if min_speedup not in _CPU_BF16:
+        flags, have_cpuinfo = _cpu_flags(), Path("/proc/cpuinfo").exists()
+        bf16_flags = sorted(flags & {"amx_bf16", "avx512_bf16"})
+        fp32, bf16 = _matmul_gflops(torch.float32), _matmul_gflops(torch.bfloat16)
+        native = (bool(bf16_flags) or not have_cpuinfo) and bf16 >= min_speedup * fp32
+        _CPU_BF16[min_speedup] = {"native": native, "flags": bf16_flags, "capability": torch.backends.cpu.get_cpu_capability(),
+                                  "fp32_gflops": round(fp32, 1), "bf16_gflops": round(bf16, 1)}
+    return _CPU_BF16[min_speedup]
+
+def _bf16_fast(device: torch.device) -> bool:
+    "bfloat16 matmuls are the fast ones on `device`: every CUDA GPU this project runs on, and CPUs with native bf16."
+    return device.type == "cuda" or (device.type == "cpu" and cpu_bf16()["native"])
+
 # %% ../nbs/08_trainer.ipynb #9d8cefd0
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto": return torch.bfloat16 if device.type == "cuda" else torch.float32
+    "The dtype `name` means on `device`: auto = bfloat16 where matmuls are fast in it (a GPU, or a CPU with native bf16)."
+    if name == "auto": return torch.bfloat16 if _bf16_fast(device) else torch.float32
     return getattr(torch, name)
 
 def tokenizer_dir(tc: TargetConfig) -> Path:
@@ -954,9 +989,21 @@ def load_samples(data_dir):
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
 
+def _amp_on(cfg: TrainConfig, device: torch.device) -> bool:
+    "Whether the drafter's forward runs under bfloat16 autocast: as set, or auto = where bf16 matmuls are fast."
+    return cfg.amp == "bfloat16" or (cfg.amp == "auto" and _bf16_fast(device))
+
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.amp == "off" or (cfg.amp == "auto" and device.type != "cuda"): return contextlib.nullcontext()
+    if not _amp_on(cfg, device): return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
+    "What the run computes in: the target's weight dtype and the drafter's autocast, with the CPU probe behind an `auto`."
+    out = {"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+           "drafter_amp": "bfloat16" if _amp_on(cfg, device) else "off", "master_weights": "float32"}
+    if "cpu" in (device.type, next(target.parameters()).device.type) and "auto" in (cfg.amp, cfg.target.dtype):
+        out["cpu"] = cpu_bf16()
+    return out
 
 def _fused_ok(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
@@ -1335,7 +1382,11 @@ def _announce(run: Run, start: int):
     if run.rank == 0:
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
-                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
+                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | {_precision_line(run)} | run dir {run.run_dir}")
+
+def _precision_line(run: Run) -> str:
+    p = precision(run.cfg, run.target, run.ddev)
+    return f"target {p['target_dtype']}, drafter autocast {p['drafter_amp']}" + (" (CPU has native bf16)" if p.get("cpu", {}).get("native") else "")
 
 def _too_many_nonfinite(run: Run, rec: dict):
     "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
@@ -1348,6 +1399,7 @@ def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, st
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
+               "precision": precision(run.cfg, run.target, run.ddev),
                **ckpt.s3_summary(), "run_dir": str(run.run_dir)}
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
