@@ -19,7 +19,7 @@ setup(
     package_data={"dflash_nb": ["demo_data/*"]},
     include_package_data=True,
     install_requires=cfg.get("requirements", "").split(),
-    extras_require={"dev": cfg.get("dev_requirements", "").split()},
+    extras_require={"dev": cfg.get("dev_requirements", "").split(), "gguf": cfg.get("gguf_requirements", "").split()},
     entry_points={"console_scripts": cfg.get("console_scripts", "").split(),   # dflash-data, dflash-train, ...
                   "nbdev": [f"{cfg['lib_name']}={cfg['lib_name']}._modidx:d"]},
     zip_safe=False,
