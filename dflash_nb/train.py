@@ -13,7 +13,7 @@ import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli
 from .data import DataConfig
 from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distributed, build_target, tokenizer_dir,
-                               drafter_config, build_drafter, NonFiniteError)
+                               drafter_config, build_drafter, NonFiniteError, precision, precision_line)
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
@@ -41,6 +41,7 @@ class RunConfig:
     regenerate: RegenConfig = opt(RegenConfig(), "the target's own completions of a prompt set (demo, small projects)")
     evaluate: EvalConfig = opt(EvalConfig(), "acceptance length τ before and after training")
     export: bool = opt(True, "export the trained drafter in the serving format to <run_dir>/drafter")
+    threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); None = torch's default, one per core", min=1)
 
 # %% ../nbs/11_train.ipynb #0f890aba
 def demo_data_dir() -> Path:
@@ -180,6 +181,7 @@ def run(cfg: RunConfig) -> dict:
     from dflash_nb.data import load_tokenizer
     from dflash_nb.target import TargetFeatures
     t_all = time.perf_counter()
+    if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.train.devices, local_rank)
     distributed = init_distributed(ddev)
@@ -191,6 +193,7 @@ def run(cfg: RunConfig) -> dict:
     # 1-2. data (rank 0; the others wait) --------------------------------------------------------------------------
     need_target = bool(cfg.regenerate.prompts) or cfg.evaluate.num_samples > 0
     target = build_target(tc.target, tdev) if need_target and rank == 0 else None
+    if target is not None: log(f"precision: {precision_line(precision(tc, target, ddev))}")
     if rank == 0: train_dir, held_dir = prepare_data(cfg, target, tokenizer, log)
     if distributed:
         box = [None]

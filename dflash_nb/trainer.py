@@ -23,8 +23,9 @@ __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'Fau
            'prune_checkpoints', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'RunLock', 's3_permanent',
            'S3Uploader', 'download_checkpoint', 'peak_memory_gb', 'Metrics', 'cpu_bf16', 'tokenizer_dir',
            'build_target', 'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'load_samples',
-           'NonFiniteError', 'precision', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from',
-           'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
+           'NonFiniteError', 'precision', 'precision_line', 'pick_backend', 'Run', 'build_run',
+           'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval',
+           'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -1005,6 +1006,13 @@ def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
         out["cpu"] = cpu_bf16()
     return out
 
+def precision_line(p: dict) -> str:
+    "One line for the log: what `precision` returned, and the probe's numbers when it decided."
+    cpu = p.get("cpu")
+    why = (f" (CPU {'with' if cpu['native'] else 'without'} native bf16: {', '.join(cpu['flags']) or 'no bf16 flags'}, "
+           f"matmul {cpu['bf16_gflops']:.0f} vs {cpu['fp32_gflops']:.0f} GFLOP/s bf16 vs fp32)") if cpu else ""
+    return f"target {p['target_dtype']}, drafter autocast {p['drafter_amp']}{why}"
+
 def _fused_ok(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
@@ -1382,11 +1390,7 @@ def _announce(run: Run, start: int):
     if run.rank == 0:
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
-                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | {_precision_line(run)} | run dir {run.run_dir}")
-
-def _precision_line(run: Run) -> str:
-    p = precision(run.cfg, run.target, run.ddev)
-    return f"target {p['target_dtype']}, drafter autocast {p['drafter_amp']}" + (" (CPU has native bf16)" if p.get("cpu", {}).get("native") else "")
+                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | {precision_line(precision(cfg, run.target, run.ddev))} | run dir {run.run_dir}")
 
 def _too_many_nonfinite(run: Run, rec: dict):
     "Stop the run (no checkpoint is written, so the last good one stays `latest`)."
