@@ -5,12 +5,13 @@ many of the target's generated tokens the data kept. The bf16/fp32 ratios are pr
 Variants (overrides of `python -m dflash_nb.train`, the demo config):
   fp32        train.target.dtype=float32 train.amp='off'     (what `auto` means on CPUs without native bf16)
   bf16        train.target.dtype=bfloat16 train.amp=bfloat16 (what `auto` means on CPUs with native bf16, see cpu_bf16)
-  fp32_data   the target in float32, the drafter under bf16 autocast: separates the data the target generates from
-              the drafter's precision
+  fp32_data   the target in float32, the drafter under bf16 autocast: the demo's own setting (configs/demo.yaml pins
+              the tiny target to float32: its data in bf16 lose half their tokens), and it separates the data the
+              target generates from the drafter's precision
   bf16_nommap bf16 with glibc's mmap of large blocks off (MALLOC_MMAP_MAX_=0): tests whether the kernel time is
               page faults of the large vocabulary-sized buffers
 
-    python bench/cpu_dtype.py                       # fp32 and bf16, one after the other, 2 threads each (the demo's)
+    python bench/cpu_dtype.py                       # fp32, fp32_data, bf16, one after the other, 2 threads each
     python bench/cpu_dtype.py --variants fp32 bf16 fp32_data --threads 1 --jobs 3   # at once: compare CPU seconds
 
 Writes bench/results/cpu_dtype.json (or --out).
@@ -90,7 +91,7 @@ def threads_probe(dtype_name: str = "bfloat16", reps: int = 3) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--variants", nargs="+", default=["fp32", "bf16"], choices=sorted(VARIANTS))
+    ap.add_argument("--variants", nargs="+", default=["fp32", "fp32_data", "bf16"], choices=sorted(VARIANTS))
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run (the demo's default: the 2 cores)")
     ap.add_argument("--jobs", type=int, default=1, help="variants run at once (then compare CPU seconds, not wall time)")
     ap.add_argument("--threads-probe", action="store_true", help="only time the demo's generation and loss projection at 1 vs 2 threads")
