@@ -47,7 +47,8 @@ def demo(name: str, work: Path, threads: int) -> dict:
     overrides, extra_env = VARIANTS[name]
     run_dir = work / name
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT), **extra_env}
-    out = run_timed([sys.executable, "-m", "dflash_nb.train", f"train.run_dir={run_dir}", *overrides], env, work / f"{name}.log")
+    cmd = [sys.executable, "-m", "dflash_nb.train", f"train.run_dir={run_dir}", *overrides]
+    out = run_timed(cmd, env, work / f"{name}.log")
     out.update(variant=name, overrides=overrides, env=extra_env, threads=threads)
     if out["rc"] != 0: return out
     r = json.loads((run_dir / "report.json").read_text())
@@ -61,7 +62,7 @@ def demo(name: str, work: Path, threads: int) -> dict:
 
 def threads_probe(dtype_name: str = "bfloat16", reps: int = 3) -> dict:
     "Seconds of the demo's hot spots at 1 and 2 threads: the target's generate() and the loss's vocabulary projection."
-    # generate(): 160 prompts, 16 new tokens (the demo's batch); projection: 64 block slots x the 152K vocabulary (one row)
+    # generate(): 160 prompts, 16 new tokens (the demo's batch); projection: 64 block slots x 152K vocabulary (a row)
     import torch
     sys.path.insert(0, str(ROOT))
     from dflash_nb.target import tiny_target
@@ -92,14 +93,16 @@ def threads_probe(dtype_name: str = "bfloat16", reps: int = 3) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--variants", nargs="+", default=["fp32", "fp32_data", "bf16"], choices=sorted(VARIANTS))
-    ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run (the demo's default: the 2 cores)")
-    ap.add_argument("--jobs", type=int, default=1, help="variants run at once (then compare CPU seconds, not wall time)")
-    ap.add_argument("--threads-probe", action="store_true", help="only time the demo's generation and loss projection at 1 vs 2 threads")
+    ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS of each run (default: the 2 cores)")
+    ap.add_argument("--jobs", type=int, default=1, help="variants run at once (then compare CPU seconds, not wall)")
+    ap.add_argument("--threads-probe", action="store_true",
+                    help="only time the demo's generation and loss projection at 1 vs 2 threads")
     ap.add_argument("--work", default=None, help="run directories (default: a temporary directory)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cpu_dtype.json"))
     a = ap.parse_args()
     if a.threads_probe:
-        res = {"load_avg_at_start": os.getloadavg(), "bfloat16": threads_probe("bfloat16"), "float32": threads_probe("float32"),
+        res = {"load_avg_at_start": os.getloadavg(), "bfloat16": threads_probe("bfloat16"),
+               "float32": threads_probe("float32"),
                "load_avg_at_end": os.getloadavg()}
         print(json.dumps(res, indent=1))
         out = Path(a.out).with_name("cpu_threads.json")
@@ -112,14 +115,17 @@ def main():
     t0 = time.time()
     with ThreadPoolExecutor(a.jobs) as pool:
         runs = list(pool.map(lambda v: demo(v, work, a.threads), a.variants))
-    res = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
+    res = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+           "load_avg_at_start": os.getloadavg(),
            "cpu_bf16": cpu_bf16(), "threads": a.threads, "jobs": a.jobs, "runs": {r["variant"]: r for r in runs}}
-    for r in runs: print(json.dumps({k: r.get(k) for k in ("variant", "rc", "wall_s", "user_s", "sys_s", "tau_before", "tau_after", "kept")}))
+    shown = ("variant", "rc", "wall_s", "user_s", "sys_s", "tau_before", "tau_after", "kept")
+    for r in runs: print(json.dumps({k: r.get(k) for k in shown}))
     base = res["runs"].get("fp32")
     if base and base["rc"] == 0:
         res["ratio_vs_fp32"] = {v: {k: round(r[k] / base[k], 3) for k in ("wall_s", "user_s", "sys_s") if base[k]}
                                 for v, r in res["runs"].items() if r["rc"] == 0 and v != "fp32"}
-        for v, q in res["ratio_vs_fp32"].items(): print(f"{v}/fp32: wall x{q.get('wall_s')}, user x{q.get('user_s')}, sys x{q.get('sys_s')}")
+        for v, q in res["ratio_vs_fp32"].items():
+            print(f"{v}/fp32: wall x{q.get('wall_s')}, user x{q.get('user_s')}, sys x{q.get('sys_s')}")
     res["load_avg_at_end"], res["bench_wall_s"] = os.getloadavg(), round(time.time() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

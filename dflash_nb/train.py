@@ -41,7 +41,8 @@ class RunConfig:
     regenerate: RegenConfig = opt(RegenConfig(), "the target's own completions of a prompt set (demo, small projects)")
     evaluate: EvalConfig = opt(EvalConfig(), "acceptance length τ before and after training")
     export: bool = opt(True, "export the trained drafter in the serving format to <run_dir>/drafter")
-    threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); None = torch's default, one per core", min=1)
+    threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); "
+                                       "None = torch's default, one per core", min=1)
 
 # %% ../nbs/11_train.ipynb #0f890aba
 def demo_data_dir() -> Path:

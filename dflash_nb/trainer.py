@@ -50,7 +50,8 @@ def _fits_block(max_tokens: int, cfg) -> str | None:
 class TargetConfig:
     path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed weights (demo, tests)")
     tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 tokenizer for the tiny target)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt("auto", "target weight dtype: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else float32")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt(
+        "auto", "target weight dtype: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else float32")
     attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, flash_attention_2, ...)")
     max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)", keys=_tiny_keys)
@@ -103,7 +104,8 @@ class TrainConfig:
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], [cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain sequential loop")
     queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
-    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else off; master weights stay fp32")
+    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU and on CPUs with native bf16 "
+                                                  "matmul (cpu_bf16), else off; master weights stay fp32")
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
@@ -869,13 +871,14 @@ def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
 _CPU_BF16 = {}
 
 def cpu_bf16(min_speedup: float = 2.0) -> dict:
-    "Whether this CPU runs bf16 matmuls natively: its flags (amx_bf16, avx512_bf16) and a timed probe, bf16 vs fp32 (cached)."
+    "Whether this CPU runs bf16 matmuls natively: flags (amx_bf16, avx512_bf16) and a timed probe vs fp32 (cached)."
     if min_speedup not in _CPU_BF16:
         flags, have_cpuinfo = _cpu_flags(), Path("/proc/cpuinfo").exists()
         bf16_flags = sorted(flags & {"amx_bf16", "avx512_bf16"})
         fp32, bf16 = _matmul_gflops(torch.float32), _matmul_gflops(torch.bfloat16)
         native = (bool(bf16_flags) or not have_cpuinfo) and bf16 >= min_speedup * fp32
-        _CPU_BF16[min_speedup] = {"native": native, "flags": bf16_flags, "capability": torch.backends.cpu.get_cpu_capability(),
+        _CPU_BF16[min_speedup] = {"native": native, "flags": bf16_flags,
+                                  "capability": torch.backends.cpu.get_cpu_capability(),
                                   "fp32_gflops": round(fp32, 1), "bf16_gflops": round(bf16, 1)}
     return _CPU_BF16[min_speedup]
 
@@ -885,7 +888,7 @@ def _bf16_fast(device: torch.device) -> bool:
 
 # %% ../nbs/08_trainer.ipynb #9d8cefd0
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    "The dtype `name` means on `device`: auto = bfloat16 where matmuls are fast in it (a GPU, or a CPU with native bf16)."
+    "The dtype `name` means on `device`: auto = bfloat16 where matmuls are fast in it (a GPU, a CPU with native bf16)."
     if name == "auto": return torch.bfloat16 if _bf16_fast(device) else torch.float32
     return getattr(torch, name)
 
@@ -999,7 +1002,7 @@ def _autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
-    "What the run computes in: the target's weight dtype and the drafter's autocast, with the CPU probe behind an `auto`."
+    "What the run computes in: the target's weight dtype, the drafter's autocast, and the CPU probe behind an `auto`."
     out = {"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
            "drafter_amp": "bfloat16" if _amp_on(cfg, device) else "off", "master_weights": "float32"}
     if "cpu" in (device.type, next(target.parameters()).device.type) and "auto" in (cfg.amp, cfg.target.dtype):
@@ -1390,7 +1393,8 @@ def _announce(run: Run, start: int):
     if run.rank == 0:
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
-                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | {precision_line(precision(cfg, run.target, run.ddev))} | run dir {run.run_dir}")
+                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | "
+                      f"{precision_line(precision(cfg, run.target, run.ddev))} | run dir {run.run_dir}")
 
 def _too_many_nonfinite(run: Run, rec: dict):
     "Stop the run (no checkpoint is written, so the last good one stays `latest`)."

