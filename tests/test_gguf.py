@@ -12,6 +12,16 @@ PROMPTS = ["What is 12 + 30? Answer with the number.", "List three prime numbers
            "Give a Python function that adds two numbers.", "Name the days of the week."]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    "One intra-op thread while these tests run (a 135M model decoding small batches)."
+    # on a shared 2-core machine: 2 threads per process were several times slower than 1 (they wait for each other)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     "The converted SmolLM2 directory (converted once for this module)."
