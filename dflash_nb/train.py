@@ -17,7 +17,7 @@ from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distribut
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'prepare_data', 'run', 'main', 'cli']
+           'measure_tau', 'export', 'keep_freed_memory', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -144,6 +144,16 @@ def export(drafter, dcfg, out_dir, **metadata) -> Path:
     from dflash_nb.export import export_drafter
     return Path(export_drafter(drafter, dcfg, out_dir, metadata=metadata))
 
+# %% ../nbs/11_train.ipynb #c11a0002
+def keep_freed_memory() -> bool:
+    "Make glibc malloc keep freed memory for reuse (no mmap'ed blocks, no trimming); False where that is not glibc."
+    import ctypes
+    try: libc = ctypes.CDLL(None)
+    except OSError: return False
+    if not hasattr(libc, "mallopt"): return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # mallopt parameter numbers of <malloc.h>
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30))
+
 # %% ../nbs/11_train.ipynb #fef68fb7
 def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tuple[Optional[str], Optional[str]]:
     "Regenerate and/or tokenize as configured; returns (train data dir, held-out data dir)."
@@ -185,6 +195,7 @@ def run(cfg: RunConfig) -> dict:
     if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.train.devices, local_rank)
+    if "cpu" in (tdev.type, ddev.type): keep_freed_memory()
     distributed = init_distributed(ddev)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
