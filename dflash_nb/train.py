@@ -17,7 +17,7 @@ from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distribut
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'keep_freed_memory', 'prepare_data', 'run', 'main', 'cli']
+           'measure_tau', 'export', 'keep_freed_memory', 'cpu_threads', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -27,6 +27,7 @@ class RegenConfig:
     batch_size: int = opt(32, "prompts per generate() call", min=1)
     heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ", min=0)
     max_prompts: Optional[int] = opt(None, "use only the first N prompts", min=1)
+    threads: Optional[int] = opt(None, "CPU intra-op threads while the target generates (None = the run's threads)", min=1)
 
 @dataclass
 class EvalConfig:
@@ -154,6 +155,14 @@ def keep_freed_memory() -> bool:
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # mallopt parameter numbers of <malloc.h>
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30))
 
+@contextlib.contextmanager
+def cpu_threads(n: Optional[int]):
+    "Run the block with `n` intra-op threads (None: unchanged), then restore the previous count."
+    before = torch.get_num_threads()
+    if n: torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(before)
+
 # %% ../nbs/11_train.ipynb #fef68fb7
 def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tuple[Optional[str], Optional[str]]:
     "Regenerate and/or tokenize as configured; returns (train data dir, held-out data dir)."
@@ -170,11 +179,13 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print) -> tupl
         trainp = prompts[: len(prompts) - len(held)]
         t0 = time.perf_counter()
         gen = run_dir / "generated"
-        rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
+        with cpu_threads(rg.threads):   # small per-token ops: one thread can beat two (configs/demo.yaml)
+            rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
         train_jsonl = rt["path"]
         inputs.append(str(train_jsonl))
         if held:
-            rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
+            with cpu_threads(rg.threads):
+                rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
             held_jsonl = rh["path"]
             held_dir = str(run_dir / "data" / "heldout")
             tokenize_dataset([str(held_jsonl)], tok_dir, held_dir, cfg.data, verbose=False)
