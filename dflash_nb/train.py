@@ -13,12 +13,12 @@ import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
 from .data import DataConfig
 from .trainer import (TrainConfig, train, dist_env, rank_devices, init_distributed, build_target, tokenizer_dir,
-                               drafter_config, build_drafter, NonFiniteError)
+                               drafter_config, build_drafter, NonFiniteError, precision, precision_line)
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key',
-           'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
+           'measure_tau', 'export', 'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run',
+           'next_demo_dir', 'generation_key', 'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -28,6 +28,7 @@ class RegenConfig:
     batch_size: int = opt(32, "prompts per generate() call", min=1)
     heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ", min=0)
     max_prompts: Optional[int] = opt(None, "use only the first N prompts", min=1)
+    threads: Optional[int] = opt(None, "CPU intra-op threads while the target generates (None = the run's threads)", min=1)
 
 @dataclass
 class EvalConfig:
@@ -42,6 +43,8 @@ class RunConfig:
     regenerate: RegenConfig = opt(RegenConfig(), "the target's own completions of a prompt set (demo, small projects)")
     evaluate: EvalConfig = opt(EvalConfig(), "acceptance length τ before and after training")
     export: bool = opt(True, "export the trained drafter in the serving format to <run_dir>/drafter")
+    threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); "
+                                       "None = torch's default, one per core", min=1)
 
 # %% ../nbs/11_train.ipynb #0f890aba
 def demo_data_dir() -> Path:
@@ -146,6 +149,24 @@ def export(drafter, dcfg, out_dir, **metadata) -> Path:
     from dflash_nb.export import export_drafter
     return Path(export_drafter(drafter, dcfg, out_dir, metadata=metadata))
 
+# %% ../nbs/11_train.ipynb #c11a0002
+def keep_freed_memory() -> bool:
+    "Make glibc malloc keep freed memory for reuse (no mmap'ed blocks, no trimming); False where that is not glibc."
+    import ctypes
+    try: libc = ctypes.CDLL(None)
+    except OSError: return False
+    if not hasattr(libc, "mallopt"): return False
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # mallopt parameter numbers of <malloc.h>
+    return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30))
+
+@contextlib.contextmanager
+def cpu_threads(n: Optional[int]):
+    "Run the block with `n` intra-op threads (None: unchanged), then restore the previous count."
+    before = torch.get_num_threads()
+    if n: torch.set_num_threads(n)
+    try: yield
+    finally: torch.set_num_threads(before)
+
 # %% ../nbs/11_train.ipynb #0699485e
 def held_checkpoints(run_dir) -> Optional[str]:
     "What `run_dir/checkpoints` holds of an earlier run, for a message; None when it holds nothing."
@@ -241,10 +262,12 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
         gen = run_dir / "generated"
         key = generation_key(cfg, path)
         if reuse_generated(key, gen, [run_dir, *reuse_from], log) is None:
-            rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size, cfg.data)
-            if held:
-                rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size,
+            with cpu_threads(rg.threads):   # small per-token ops: one thread can beat two (configs/demo.yaml)
+                rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size,
                                 cfg.data)
+                if held:
+                    rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size,
+                                    cfg.data)
             counted = ("generated", "kept", "cut_by_verify", "cut_by_round_trip")
             st = {k: rt[k] + (rh[k] if held else 0) for k in counted}
             save_generated(key, gen, ["train.jsonl"] + (["heldout.jsonl"] if held else []), st)
@@ -267,8 +290,10 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     from dflash_nb.target import TargetFeatures
     from dflash_nb.progress import stage
     t_all = time.perf_counter()
+    if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
     tdev, ddev = rank_devices(cfg.train.devices, local_rank)
+    if "cpu" in (tdev.type, ddev.type): keep_freed_memory()
     distributed = init_distributed(ddev)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
     tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
@@ -280,6 +305,7 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     target = None
     if need_target and rank == 0:
         with stage(f"loading the target ({tc.target.path or 'tiny'})"): target = build_target(tc.target, tdev)
+    if target is not None: log(f"precision: {precision_line(precision(tc, target, ddev))}")
     if rank == 0: train_dir, held_dir = prepare_data(cfg, target, tokenizer, log, reuse_from)
     if distributed:
         box = [None]

@@ -23,11 +23,11 @@ __all__ = ['RUN_FILE', 'TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointC
            'load_rngs', 'prune_checkpoints', 'save_checkpoint', 'clean_killed_saves', 'newest_complete',
            'resolve_checkpoint', 'load_checkpoint', 'RunLock', 'new_run_id', 'read_run_id', 'checkpoint_run_id',
            'check_run_dir', 'preflight_run_dir', 's3_permanent', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb',
-           'Metrics', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'warm_start_config',
-           'load_warm_start', 'check_drafter_memory', 'check_token_ids', 'load_samples', 'NonFiniteError',
-           'last_finite_checkpoint', 'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from',
-           'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'projected_cost', 'format_cost', 'Preemption',
-           'train']
+           'Metrics', 'cpu_bf16', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter',
+           'warm_start_config', 'load_warm_start', 'check_drafter_memory', 'check_token_ids', 'load_samples',
+           'NonFiniteError', 'last_finite_checkpoint', 'precision', 'precision_line', 'pick_backend', 'Run',
+           'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
+           'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -52,7 +52,8 @@ def _fits_block(max_tokens: int, cfg) -> str | None:
 class TargetConfig:
     path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed weights (demo, tests)")
     tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 tokenizer for the tiny target)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt("auto", "target weight dtype: auto = bfloat16 on GPU, float32 on CPU")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt(
+        "auto", "target weight dtype: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else float32")
     attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, flash_attention_2, ...)")
     max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, length-bucketed)", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, num_layers, seed, ...)", keys=_tiny_keys)
@@ -105,7 +106,8 @@ class TrainConfig:
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], [cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain sequential loop")
     queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
-    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU, off on CPU; master weights stay fp32")
+    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU and on CPUs with native bf16 "
+                                                  "matmul (cpu_bf16), else off; master weights stay fp32")
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard (run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
@@ -978,9 +980,45 @@ class Metrics:
         self.reset()
         return rec
 
+# %% ../nbs/08_trainer.ipynb #b7c1e2a1
+def _cpu_flags() -> set:
+    "The CPU feature flags of /proc/cpuinfo (empty where there is no such file)."
+    try: text = Path("/proc/cpuinfo").read_text()
+    except OSError: return set()
+    return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
+
+def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
+    "Measured GFLOP/s of an n×n matmul in `dtype` on this process's threads (best of `reps`)."
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    best = float("inf")
+    for _ in range(reps + 1):   # the first is a warm-up (kernel selection, page faults)
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+_CPU_BF16 = {}
+
+def cpu_bf16(min_speedup: float = 2.0) -> dict:
+    "Whether this CPU runs bf16 matmuls natively: flags (amx_bf16, avx512_bf16) and a timed probe vs fp32 (cached)."
+    if min_speedup not in _CPU_BF16:
+        flags, have_cpuinfo = _cpu_flags(), Path("/proc/cpuinfo").exists()
+        bf16_flags = sorted(flags & {"amx_bf16", "avx512_bf16"})
+        fp32, bf16 = _matmul_gflops(torch.float32), _matmul_gflops(torch.bfloat16)
+        native = (bool(bf16_flags) or not have_cpuinfo) and bf16 >= min_speedup * fp32
+        _CPU_BF16[min_speedup] = {"native": native, "flags": bf16_flags,
+                                  "capability": torch.backends.cpu.get_cpu_capability(),
+                                  "fp32_gflops": round(fp32, 1), "bf16_gflops": round(bf16, 1)}
+    return _CPU_BF16[min_speedup]
+
+def _bf16_fast(device: torch.device) -> bool:
+    "bfloat16 matmuls are the fast ones on `device`: every CUDA GPU this project runs on, and CPUs with native bf16."
+    return device.type == "cuda" or (device.type == "cpu" and cpu_bf16()["native"])
+
 # %% ../nbs/08_trainer.ipynb #9d8cefd0
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto": return torch.bfloat16 if device.type == "cuda" else torch.float32
+    "The dtype `name` means on `device`: auto = bfloat16 where matmuls are fast in it (a GPU, a CPU with native bf16)."
+    if name == "auto": return torch.bfloat16 if _bf16_fast(device) else torch.float32
     return getattr(torch, name)
 
 def tokenizer_dir(tc: TargetConfig) -> Path:
@@ -1181,9 +1219,28 @@ def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
                 if all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys()): return d
     return None
 
+def _amp_on(cfg: TrainConfig, device: torch.device) -> bool:
+    "Whether the drafter's forward runs under bfloat16 autocast: as set, or auto = where bf16 matmuls are fast."
+    return cfg.amp == "bfloat16" or (cfg.amp == "auto" and _bf16_fast(device))
+
 def _autocast(cfg: TrainConfig, device: torch.device):
-    if cfg.amp == "off" or (cfg.amp == "auto" and device.type != "cuda"): return contextlib.nullcontext()
+    if not _amp_on(cfg, device): return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
+    "What the run computes in: the target's weight dtype, the drafter's autocast, and the CPU probe behind an `auto`."
+    out = {"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
+           "drafter_amp": "bfloat16" if _amp_on(cfg, device) else "off", "master_weights": "float32"}
+    if "cpu" in (device.type, next(target.parameters()).device.type) and "auto" in (cfg.amp, cfg.target.dtype):
+        out["cpu"] = cpu_bf16()
+    return out
+
+def precision_line(p: dict) -> str:
+    "One line for the log: what `precision` returned, and the probe's numbers when it decided."
+    cpu = p.get("cpu")
+    why = (f" (CPU {'with' if cpu['native'] else 'without'} native bf16: {', '.join(cpu['flags']) or 'no bf16 flags'}, "
+           f"matmul {cpu['bf16_gflops']:.0f} vs {cpu['fp32_gflops']:.0f} GFLOP/s bf16 vs fp32)") if cpu else ""
+    return f"target {p['target_dtype']}, drafter autocast {p['drafter_amp']}{why}"
 
 def _fused_ok(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
@@ -1659,7 +1716,8 @@ def _announce(run: Run, start: int):
         _record_backend(run)
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters for {cfg.steps} steps "
                       f"(from step {start}) | ranks {run.world} × (target {run.tdev} → drafter {run.ddev}) | global batch {cfg.global_batch} rows "
-                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | run dir {run.run_dir}")
+                      f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | "
+                      f"{precision_line(precision(cfg, run.target, run.ddev))} | run dir {run.run_dir}")
 
 def _record_backend(run: Run):
     "Every run dir has attention_backend.json: the probe's record when it ran for this run, else the choice and why."
@@ -1699,6 +1757,7 @@ def _summary(run: Run, ckpt: Checkpointer, metrics: "Metrics", history: list, st
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
+               "precision": precision(run.cfg, run.target, run.ddev),
                **ckpt.s3_summary(), "run_dir": str(run.run_dir), "cost": cost}
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))

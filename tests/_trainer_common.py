@@ -9,8 +9,9 @@ REPO = Path(__file__).resolve().parents[1]
 # a tiny target (real Qwen3 vocabulary, so the real tokenizer fits) and a one-layer drafter: every step is cheap
 TINY = {
     "max_tokens": 160, "max_anchors": 8, "global_batch": 2, "log_every": 1, "seed": 3,
+    "amp": "off",   # fp32 throughout: tests compare runs bit for bit, and tiny shapes gain nothing from bf16
     "target": {"tiny": {"hidden_size": 32, "num_layers": 4, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16,
-                        "intermediate_size": 64, "seed": 1}},
+                        "intermediate_size": 64, "seed": 1}, "dtype": "float32"},
     "drafter": {"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [1, 2]},
     "optim": {"lr": 3e-3},
 }
