@@ -94,6 +94,9 @@ def _coerce(value, tp, key: str):
             except ConfigError: pass
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is typing.Literal:
+        if isinstance(value, bool):   # YAML 1.1 reads off/no/false (on/yes/true) as a bool: take the word the choices use
+            words = [w for w in (("on", "yes", "true") if value else ("off", "no", "false")) if w in args]
+            if words: return words[0]
         if value in args: return value
         raise ConfigError(f"{key}: expected one of {list(args)}, got {value!r}")
     if is_dataclass(tp):

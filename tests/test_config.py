@@ -111,3 +111,13 @@ def test_help_names_real_types_and_hides_test_knobs():
     assert "  train.fault.sigkill_at_step (int or null, default None)" in full and len(full) > len(h)
     assert load_config(RunConfig, None, ["train.fault.nan_loss_steps=[2]"]).train.fault.nan_loss_steps == [2]  # hidden, still a key
     assert "overlong ({truncate, drop}" in config_help(DataConfig)
+
+
+def test_yaml_words_for_literal_choices():
+    "YAML 1.1 reads `off` as False: `train.amp=off` on the command line must mean the choice 'off', not be refused."
+    from dflash_nb.config import from_dict, apply_overrides
+    from dflash_nb.trainer import TrainConfig
+    assert from_dict(TrainConfig, apply_overrides({}, ["amp=off"])).amp == "off"
+    assert from_dict(TrainConfig, apply_overrides({}, ["amp=bfloat16"])).amp == "bfloat16"
+    with pytest.raises(ConfigError, match="amp: expected one of"):
+        from_dict(TrainConfig, apply_overrides({}, ["amp=yes"]))   # True has no word among auto/bfloat16/off
