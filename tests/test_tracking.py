@@ -28,13 +28,14 @@ def _check_events_equal_metrics(run):
     assert len(files) == 1
     ea = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0}); ea.Reload()
     want = [flatten_scalars(r) for r in recs]
-    assert sorted(ea.Tags()["scalars"]) == sorted(want[0])
+    tags = set().union(*want)   # a value not measured yet (eta_s before the rate exists) is null: no point for it
+    assert sorted(ea.Tags()["scalars"]) == sorted(tags)
     for tag in ("loss", "acc/1", "acc/3", "tau_est", "lr", "grad_norm", "tokens_per_s", "target_busy", "drafter_busy",
-                "queue_depth", "skipped", "nonfinite_total"):
-        assert tag in want[0], tag
-    for tag in want[0]:
+                "queue_depth", "skipped", "nonfinite_total", "eta_s"):
+        assert tag in tags, tag
+    for tag in tags:
         got = [(e.step, e.value) for e in ea.Scalars(tag)]
-        assert got == [(r["step"], _f32(w[tag])) for r, w in zip(recs, want)], tag
+        assert got == [(r["step"], _f32(w[tag])) for r, w in zip(recs, want) if tag in w], tag
 
 
 def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path, data_dir):
