@@ -438,6 +438,20 @@ def step_sweep(a, rec):
 
 
 # ---- d. pipeline -----------------------------------------------------------------------------------------------------
+def _random_model(cls, cfg, dev, dtype):
+    "`cls(cfg)` with seed-0 random weights, built directly on `dev` in `dtype`, frozen, in eval mode."
+    import torch
+    old = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(dev):
+            model = cls(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval().requires_grad_(False)
+
+
 def hybrid_target(dev, dims, layers, dtype):
     "A random-weight Qwen3.5/3.6-architecture CausalLM (3 Gated DeltaNet layers per full-attention layer) built on `dev`."
     import torch
@@ -447,15 +461,7 @@ def hybrid_target(dev, dims, layers, dtype):
                             max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
                             pad_token_id=0, eos_token_id=1, bos_token_id=None,
                             rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25})
-    old = torch.get_default_dtype()
-    torch.manual_seed(0)
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(dev):
-            model = Qwen3_5ForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.eval().requires_grad_(False)
+    return _random_model(Qwen3_5ForCausalLM, cfg, dev, dtype)
 
 
 def dense_target(dev, dims, layers, dtype):
@@ -466,15 +472,7 @@ def dense_target(dev, dims, layers, dtype):
     cfg = Qwen3Config(**{k: dims[k] for k in keep}, num_hidden_layers=layers, max_position_embeddings=32768,
                       rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, bos_token_id=None,
                       rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0})
-    old = torch.get_default_dtype()
-    torch.manual_seed(0)
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(dev):
-            model = Qwen3ForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.eval().requires_grad_(False)
+    return _random_model(Qwen3ForCausalLM, cfg, dev, dtype)
 
 
 def spread_ids(last, n=5):
