@@ -14,7 +14,8 @@ Reported per (shape, kind, backend): ms forward, ms forward+backward (median of 
 matmuls), peak memory above inputs, max |out - sdpa out|, and the ratios triton/flex and triton/sdpa as speed-ups
 (other time / triton time, > 1 means triton is faster). For the Triton kernel, the shared memory of every launched
 config as the compiled kernel's metadata reports it, and the ahead-of-time compiled shared memory for sm_90 and sm_120
-of every table entry. Targets on H200: triton fwd+bwd >= 1.0x flex (goal 1.2x) and >= 3x sdpa; every config <= 101,376 B.
+of every table entry. Targets on H200: triton fwd+bwd >= 1.0x flex (goal 1.2x) and >= 3x sdpa; every config <=
+101,376 B.
 
 Without a GPU: says so, runs a tiny interpreter smoke test of the kernel and exits 0 without writing results.
 bench/gpu_check.py reuses the helpers below (layout, backends, timing, sweep) for the short GPU check.

