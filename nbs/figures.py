@@ -114,7 +114,7 @@ def masks(
 ):
     "Dense anchor-block masks side by side, as coloured grids (03_masks)."
     with plt.rc_context(STYLE):
-        fig, axs = plt.subplots(1, len(panels), figsize=(9.5, 4.4), dpi=DPI)
+        fig, axs = plt.subplots(1, len(panels), figsize=(9.5, 3.5), dpi=DPI)
         for ax, (title, m) in zip(axs, panels.items()):
             _draw_mask(ax, m, S, B, anchors, keep, doc_ids, title)
         axs[0].set_ylabel("query: anchor + slot")
@@ -129,7 +129,7 @@ def tiles(
 ):
     "A BlockMask's tile kinds side by side: empty, partial (mask_mod per pair) and full (03_masks)."
     with plt.rc_context(STYLE):
-        fig, axs = plt.subplots(1, len(panels), figsize=(9.5, 3.9), dpi=DPI)
+        fig, axs = plt.subplots(1, len(panels), figsize=(9.5, 2.9), dpi=DPI)
         for ax, (title, kinds) in zip(axs, panels.items()):
             ax.imshow(kinds, cmap=ListedColormap(["white", "tab:olive", "tab:green"]), vmin=0, vmax=2, aspect="equal")
             ax.axvline(S / T - 0.5, color="k", lw=1.2)
@@ -143,7 +143,7 @@ def tiles(
                   Patch(color="tab:green", label="full: no mask_mod"),
                   Patch(facecolor="white", edgecolor="k", label="empty: skipped")]
         fig.legend(handles=legend, loc="lower center", ncol=3)
-        _show(fig, rect=(0, 0.09, 1, 1))
+        _show(fig, rect=(0, 0.1, 1, 1))
 
 
 def slot_weights(
