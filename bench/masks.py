@@ -1,6 +1,6 @@
 """Time to build one training step's anchor-block masks on CPU, against a realistic GPU step.
 
-Shapes (issue 3): S = 8192 context tokens, 512 anchors, B = 16 (8192 block queries, 16384 keys).
+Shapes (a realistic long-context training row): S = 8192 context tokens, 512 anchors, B = 16 (8192 block queries, 16384 keys).
 A step builds each layer kind's mask once (AnchorBlockLayout caches it for every layer of that kind); we time
 both kinds a drafter can have: full attention and sliding (W = 2048) with in-block causality.
 

@@ -1,4 +1,4 @@
-"""Pipeline efficiency of the online trainer (issue 5).
+"""Pipeline efficiency of the online trainer: how close the pipelined loop comes to its slower stage.
 
 Measures, on the current device and in one run:
   I  target-forward-only throughput (tokens/s): the producer's work alone;

@@ -1,4 +1,4 @@
-"""Recipe quality: acceptance length τ of drafters trained with different recipes, with seeds and significance (issue 15).
+"""Recipe quality: acceptance length τ of drafters trained with different recipes, with seeds and significance.
 
 Every variant trains on the same tokenized data for the same number of optimizer steps, rows and tokens — so the same
 target forwards, the cost that dominates at scale — from 3 seeds, and is measured with the project's evaluator (greedy

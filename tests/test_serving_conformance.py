@@ -18,7 +18,7 @@ from dflash_nb.model import DFlashDrafter, DrafterConfig
 from dflash_nb.target import TargetFeatures, tiny_target
 
 MASK_ID = 151669
-FP32_ATOL = 1e-5   # hidden states, fp32: the bar
+FP32_ATOL = 1e-5   # hidden states, fp32: float32 round-off, nothing more
 
 
 @pytest.fixture(scope="module")
