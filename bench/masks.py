@@ -1,8 +1,8 @@
 """Time to build one training step's anchor-block masks on CPU, against a realistic GPU step.
 
-Shapes (a realistic long-context training row): S = 8192 context tokens, 512 anchors, B = 16 (8192 block queries, 16384 keys).
-A step builds each layer kind's mask once (AnchorBlockLayout caches it for every layer of that kind); we time
-both kinds a drafter can have: full attention and sliding (W = 2048) with in-block causality.
+Shapes (a realistic long-context training row): S = 8192 context tokens, 512 anchors, B = 16 (8192 block queries,
+16384 keys). A step builds each layer kind's mask once (AnchorBlockLayout caches it for every layer of that kind);
+we time both kinds a drafter can have: full attention and sliding (W = 2048) with in-block causality.
 
 Measured on this machine's CPU, each as the minimum over repeats (timeit's convention: the cost without interference
 from other processes; the 2-core CI/dev boxes are shared, so the median is recorded too but can be inflated many times):
