@@ -129,8 +129,12 @@ def _bars(ax, names: list, groups: dict, fmt: str, ylabel: str, ymax=None):
             ax.annotate(text, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom", fontsize=9,
                         xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(x, names)
-    top = max([1e-9] + [v for vals in groups.values() for v in vals if isinstance(v, (int, float))])
-    ax.set_ylim(0, ymax if ymax is not None else top * 1.35)   # headroom for the value labels and the legend
+    values = [v for vals in groups.values() for v in vals if isinstance(v, (int, float))]
+    if not values:                     # every value missing: no scale to show, only the 'n/a' labels
+        ax.set_ylim(0, 1)
+        ax.set_yticks([])
+    else:
+        ax.set_ylim(0, ymax if ymax is not None else max(values) * 1.35)  # headroom for value labels and the legend
     ax.set_ylabel(ylabel)
     if k > 1: ax.legend(loc="upper center", ncol=k, fontsize=9)
 
