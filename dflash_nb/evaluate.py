@@ -1013,7 +1013,7 @@ def load_drafter_dir(
     p = Path(path)
     if (p / "config.json").exists(): return load_exported_drafter(p, embed, head)
     from dflash_nb.model import DFlashDrafter
-    from dflash_nb.trainer import resolve_checkpoint
+    from dflash_nb.checkpoint import resolve_checkpoint
     d = resolve_checkpoint(p)
     dr = DFlashDrafter(checkpoint_drafter_config(d), embed, head)
     dr.load_trainable_state_dict({k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()})

@@ -4,11 +4,11 @@
 
 # %% ../nbs/10_export.ipynb #e588dd39
 from __future__ import annotations
-import argparse, contextlib, dataclasses, json, os, shutil, sys
+import argparse, contextlib, dataclasses, json, os, sys
 from pathlib import Path
 import torch
 from torch import nn
-from .storage import fsync_dir, fsync_file, temp_sibling
+from .storage import atomic_dir
 
 # %% auto #0
 __all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
@@ -114,8 +114,9 @@ def serving_state_dict(
     drafter_or_state,  # a DFlashDrafter, or its trainable_state_dict (optionally with a DDP `module.` prefix)
     dtype: torch.dtype | None = None,  # cast floating tensors (e.g. torch.bfloat16); None keeps them
 ) -> dict[str, torch.Tensor]:
-    "Tensors under their serving names (`layers.*`, `fc.weight`, `hidden_norm.weight`, `norm.weight`), contiguous on CPU."
-    sd = drafter_or_state.trainable_state_dict() if hasattr(drafter_or_state, "trainable_state_dict") else dict(drafter_or_state)
+    "Tensors under their serving names (`layers.*`, `fc.weight`, `hidden_norm.weight`, `norm.weight`), on the CPU."
+    if hasattr(drafter_or_state, "trainable_state_dict"): sd = drafter_or_state.trainable_state_dict()
+    else: sd = dict(drafter_or_state)
     out = {}
     for k, v in sd.items():
         k = k.removeprefix("module.").removeprefix("_orig_mod.")
@@ -134,33 +135,36 @@ def _export_files(out: Path):
     "The files a previous drafter export in `out` wrote, or None when `out` is not one."
     try: d = json.loads((out / "config.json").read_text())
     except (OSError, ValueError): return None
-    if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []) or "dflash_nb_drafter_config" not in d \
-            or not (out / "model.safetensors").is_file():
-        return None
+    ours = isinstance(d, dict) and SERVING_ARCH in (d.get("architectures") or []) and "dflash_nb_drafter_config" in d
+    if not ours or not (out / "model.safetensors").is_file(): return None
     owned = {"config.json", "model.safetensors", _EXPORT_MARK}
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError): owned |= set(json.loads((out / _EXPORT_MARK).read_text())["files"])
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        owned |= set(json.loads((out / _EXPORT_MARK).read_text())["files"])
     return owned
 
 def check_export_dir(
     out,                    # the directory an export is about to replace
     overwrite: bool = False,  # may a previous drafter export there be replaced?
 ):
-    "Raise FileExistsError naming `out` unless it is new, empty, or (with `overwrite`) a previous export holding only its own files."
+    "FileExistsError naming `out` unless it is new, empty, or (`overwrite`) a previous export of only its own files."
     out = Path(out)
     if not out.exists(): return
-    if not out.is_dir() or out.is_symlink(): raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
+    if not out.is_dir() or out.is_symlink():
+        raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
     names = set(os.listdir(out))
     if not names: return
     owned = _export_files(out)
     if owned is None:
-        raise FileExistsError(f"{out} is not empty and is not a drafter export (no {SERVING_ARCH} config.json + model.safetensors): "
-                              f"refusing to replace it; pick a new or empty --out directory")
+        raise FileExistsError(f"{out} is not empty and is not a drafter export (no {SERVING_ARCH} config.json + "
+                              f"model.safetensors): refusing to replace it; pick a new or empty --out directory")
     foreign = sorted(names - owned)
     if foreign:
-        raise FileExistsError(f"{out} is a drafter export but also holds files it did not write ({', '.join(foreign[:5])}): "
-                              f"refusing to replace it; move them away or pick another --out directory")
+        raise FileExistsError(f"{out} is a drafter export but also holds files it did not write "
+                              f"({', '.join(foreign[:5])}): refusing to replace it; move them away or pick another "
+                              f"--out directory")
     if not overwrite:
-        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, or pick another --out directory")
+        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, or pick another "
+                              f"--out directory")
 
 def export_drafter(
     drafter_or_state,       # a DFlashDrafter or its trainable_state_dict
@@ -182,24 +186,20 @@ def export_drafter(
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     cfg = drafter_config.validate()
     sd = serving_state_dict(drafter_or_state, dtype)
-    out = Path(out_dir); check_export_dir(out, overwrite); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
-    dt = str(next(iter(sd.values())).dtype).removeprefix("torch.")
-    conf = serving_config(cfg, dtype=dt)
-    if with_modeling_code: conf["auto_map"] = write_modeling_code(tmp)
-    (tmp / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+    out = Path(out_dir)
+    check_export_dir(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    conf = serving_config(cfg, dtype=str(next(iter(sd.values())).dtype).removeprefix("torch."))
     meta = {"format": "pt", "producer": "dflash_nb", **{str(k): str(v) for k, v in (metadata or {}).items()}}
-    save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
-    (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
-    readable = 0o666 & ~_umask()   # a server running as another user reads the export: 0644 under the usual umask 022
-    for f in tmp.iterdir(): os.chmod(f, readable); fsync_file(f)
-    os.chmod(tmp, readable | 0o111 & ~_umask())
-    old = temp_sibling(out, "old")
-    if out.exists(): check_export_dir(out, True); os.rename(out, old)  # the old export stays complete until the new one is in place
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)   # a previous export: only files it wrote (checked above)
-    fsync_dir(out.parent)
+    with atomic_dir(out) as tmp:   # swapped in whole; a previous export is deleted only once the new one is in place
+        if with_modeling_code: conf["auto_map"] = write_modeling_code(tmp)
+        (tmp / "config.json").write_text(json.dumps(conf, indent=2) + "\n")
+        save_file(sd, str(tmp / "model.safetensors"), metadata=meta)
+        (tmp / _EXPORT_MARK).write_text(json.dumps({"files": sorted(p.name for p in tmp.iterdir())}) + "\n")
+        readable = 0o666 & ~_umask()   # a server running as another user reads the export: 0644 under umask 022
+        for f in tmp.iterdir(): os.chmod(f, readable)
+        os.chmod(tmp, readable | 0o111 & ~_umask())
+        check_export_dir(out, True)   # still new, or a previous export holding only its own files: the swap deletes it
     return out
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
@@ -295,7 +295,7 @@ def export_checkpoint(
     overwrite: bool = True,  # replace a previous export in out_dir
 ) -> Path:
     "Export a trainer checkpoint to the serving format."
-    from dflash_nb.trainer import resolve_checkpoint
+    from dflash_nb.checkpoint import resolve_checkpoint
     check_export_dir(out_dir, overwrite)   # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     cfg = checkpoint_drafter_config(d)

@@ -246,7 +246,7 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
                  reuse_from=()) -> tuple[Optional[str], Optional[str]]:   # earlier run dirs with completions to reuse
     "Regenerate (or reuse matching completions) and/or tokenize; returns (train data dir, held-out data dir)."
     from dflash_nb.data import tokenize_dataset
-    from dflash_nb.trainer import preflight_run_dir
+    from dflash_nb.checkpoint import preflight_run_dir
     run_dir, tc = Path(cfg.train.run_dir), cfg.train
     preflight_run_dir(tc)          # a run dir the trainer would refuse is refused before anything is written into it
     train_dir, held_dir = tc.data_dir, cfg.evaluate.data_dir

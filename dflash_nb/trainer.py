@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, hashlib, json, math, os, queue, random, re, resource, shutil, signal, sys, tempfile, threading, time
+import contextlib, hashlib, json, math, os, queue, random, resource, signal, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
@@ -12,22 +12,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from .config import opt, to_dict, from_dict, save_config, ConfigError
-from .storage import atomic_write_text as _write_atomic, fsync_dir as _fsync_dir, s3_client, split_s3  # chapter Storage
+from .storage import atomic_write_text
+from .checkpoint import (CheckpointConfig, CheckpointError, FaultConfig, RUN_FILE, RunLock, check_on_rank0,
+                                  check_run_dir, checkpoints_held, clean_killed_saves, load_checkpoint, new_run_id,
+                                  newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
+                                  resume_changes, rng_state, save_checkpoint, set_rng_state, step_dirs, step_of)
+from .s3sync import S3Uploader, download_checkpoint
 from .data import check_template   # refuses data made with another chat template or tokenizer
 
 # %% auto #0
-__all__ = ['RUN_FILE', 'TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig',
-           'stable_seed', 'RowStream', 'rank_row', 'lr_factor', 'dist_env', 'rank_devices', 'init_distributed', 'Batch',
-           'make_batch', 'Stopwatch', 'FeatureProducer', 'distill_features', 'step_loss', 'CheckpointError',
-           'checkpoint_name', 'step_of', 'inside', 'read_latest', 'rng_state', 'set_rng_state', 'save_rngs',
-           'load_rngs', 'prune_checkpoints', 'save_checkpoint', 'clean_killed_saves', 'newest_complete',
-           'resolve_checkpoint', 'load_checkpoint', 'RunLock', 'new_run_id', 'read_run_id', 'checkpoint_run_id',
-           'check_run_dir', 'preflight_run_dir', 's3_permanent', 'S3Uploader', 'download_checkpoint', 'peak_memory_gb',
-           'Metrics', 'cpu_bf16', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter',
-           'warm_start_config', 'load_warm_start', 'check_drafter_memory', 'check_token_ids', 'load_samples',
-           'NonFiniteError', 'last_finite_checkpoint', 'precision', 'precision_line', 'pick_backend', 'Run',
-           'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
-           'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
+__all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'stable_seed', 'RowStream', 'rank_row', 'lr_factor',
+           'dist_env', 'rank_devices', 'init_distributed', 'Batch', 'make_batch', 'Stopwatch', 'FeatureProducer',
+           'distill_features', 'step_loss', 'peak_memory_gb', 'Metrics', 'cpu_bf16', 'tokenizer_dir', 'build_target',
+           'drafter_config', 'build_drafter', 'warm_start_config', 'load_warm_start', 'check_drafter_memory',
+           'check_token_ids', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'precision', 'precision_line',
+           'pick_backend', 'Run', 'build_run', 'drafter_lm_head_weight', 'resume_from', 'Checkpointer', 'make_producer',
+           'train_step', 'log_interval', 'projected_cost', 'format_cost', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #f08506f4
 def _tiny_keys():
@@ -74,22 +74,6 @@ class LossConfig:
     dpace_alpha: float = opt(0.5, "D-PACE smoothing of the confidences toward 1", gt=0, max=1)
     distill_weight: float = opt(0.0, "online distillation: per slot (1-w)·CE(data token) + w·KL(target || drafter), the target's logits "
                                      "recomputed in the loss from its final hidden state (every target layer runs); 0 = off", min=0, max=1)
-
-@dataclass
-class CheckpointConfig:
-    every: int = opt(1000, "optimizer steps between checkpoints (0 = only the final one)", min=0)
-    keep: int = opt(3, "local checkpoints kept (oldest pruned); the one `latest` names is never pruned", min=0)
-    final: bool = opt(True, "write a checkpoint after the last step")
-    s3_uri: Optional[str] = opt(None, "s3://bucket/prefix to upload every checkpoint to, in the background")
-    s3_endpoint_url: Optional[str] = opt(None, "S3 endpoint for S3-compatible stores; None = boto3's default (AWS_ENDPOINT_URL, ...)")
-    s3_retries: int = opt(5, "attempts per checkpoint upload before giving up (the local copy is always kept)", min=0)
-    s3_backoff: float = opt(1.0, "seconds before the first retry, doubled after each failure", min=0)
-
-@dataclass
-class FaultConfig:
-    nan_loss_steps: list[int] = opt([], "TEST ONLY: make the loss NaN at these steps (0-based)")
-    sigkill_at_step: Optional[int] = opt(None, "TEST ONLY: SIGKILL this process when it reaches this step")
-    kill_in_checkpoint: Optional[int] = opt(None, "TEST ONLY: SIGKILL this process half-way through writing the checkpoint of this step")
 
 @dataclass
 class TrainConfig:
@@ -381,553 +365,6 @@ def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
                       weighting=lc.weighting, dpace_alpha=lc.dpace_alpha,
                       target_hidden=target_hidden, distill_weight=lc.distill_weight)
 
-# %% ../nbs/08_trainer.ipynb #c74d6ce9
-class CheckpointError(ValueError):
-    "A checkpoint, run dir or S3 prefix that cannot be used as asked; the message names it and says what to do (CLIs exit 2)."
-
-_STEP_NAME = re.compile(r"step-\d{1,12}")
-
-def checkpoint_name(name, where: str = "checkpoint name") -> str:
-    "`name` if it is a checkpoint directory name (`step-<digits>`, nothing else: no separator, no `..`), else CheckpointError."
-    if not isinstance(name, str) or not _STEP_NAME.fullmatch(name):
-        raise CheckpointError(f"{where}: {str(name)[:80]!r} is not a checkpoint name (step-<digits>); refusing to use it as a path")
-    return name
-
-def step_of(name: str) -> int: return int(checkpoint_name(name)[5:])
-
-def inside(base, name: str, where: str = "") -> Path:
-    "`base/name`, proven to stay in `base`: one plain component (no separator, not `.`/`..`), and not a link leading out."
-    base = Path(base)
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise CheckpointError(f"{where or base}: {name[:80]!r} is not a plain file name; refusing to write or delete it")
-    p = base / name
-    if p.resolve().parent != base.resolve():
-        raise CheckpointError(f"{where or base}: {p} leads outside {base}; refusing to write or delete it")
-    return p
-
-def read_latest(root) -> Optional[str]:
-    "The checkpoint name in `root/latest` (validated), or None when there is no `latest`."
-    f = Path(root) / "latest"
-    if not f.exists(): return None
-    return checkpoint_name(f.read_text(errors="replace").strip(), str(f))
-
-def rng_state(device: torch.device) -> dict:
-    "RNG states of this process (torch CPU, the drafter's CUDA device, Python, NumPy)."
-    st = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda": st["cuda"] = torch.cuda.get_rng_state(device)
-    with contextlib.suppress(ImportError):
-        import numpy as np
-        s = np.random.get_state(); st["numpy"] = (s[0], s[1].tolist(), *s[2:])
-    return st
-
-def set_rng_state(st: dict, device: torch.device):
-    "Restore what `rng_state` saved."
-    torch.set_rng_state(st["torch"]); random.setstate(st["python"])
-    if device.type == "cuda" and "cuda" in st: torch.cuda.set_rng_state(st["cuda"], device)
-    if "numpy" in st:
-        with contextlib.suppress(ImportError):
-            import numpy as np
-            s = st["numpy"]; np.random.set_state((s[0], np.array(s[1], dtype=np.uint32), *s[2:]))
-
-def save_rngs(rngs: list, path):
-    "Every rank's RNG state as data only: tensors in safetensors, the scalars as JSON in its metadata (nothing to unpickle)."
-    from safetensors.torch import save_file
-    t, meta = {}, []
-    for r, st in enumerate(rngs):
-        if st is None: meta.append(None); continue
-        t[f"{r}.torch"] = st["torch"].contiguous()
-        if "cuda" in st: t[f"{r}.cuda"] = st["cuda"].to("cpu").contiguous()
-        v, mt, gauss = st["python"]
-        t[f"{r}.python"] = torch.tensor(mt, dtype=torch.int64)
-        m = {"python": [v, gauss]}
-        if "numpy" in st:
-            name, keys, pos, has_gauss, cached = st["numpy"]
-            t[f"{r}.numpy"] = torch.tensor(list(keys), dtype=torch.int64)
-            m["numpy"] = [name, int(pos), int(has_gauss), float(cached)]
-        meta.append(m)
-    save_file(t, str(path), metadata={"ranks": json.dumps(meta)})
-
-def load_rngs(path) -> list:
-    "What `save_rngs` wrote (only tensors and JSON are read)."
-    from safetensors import safe_open
-    with safe_open(str(path), "pt") as f:
-        meta = json.loads((f.metadata() or {})["ranks"]); t = {k: f.get_tensor(k) for k in f.keys()}
-    out = []
-    for r, m in enumerate(meta):
-        if m is None: out.append(None); continue
-        v, gauss = m["python"]
-        st = {"torch": t[f"{r}.torch"], "python": (int(v), tuple(int(x) for x in t[f"{r}.python"].tolist()),
-                                                    None if gauss is None else float(gauss))}
-        if f"{r}.cuda" in t: st["cuda"] = t[f"{r}.cuda"]
-        if "numpy" in m:
-            name, pos, has_gauss, cached = m["numpy"]
-            st["numpy"] = (str(name), t[f"{r}.numpy"].tolist(), int(pos), int(has_gauss), float(cached))
-        out.append(st)
-    return out
-
-def prune_checkpoints(root, keep: int, protect=()) -> list:
-    "Delete all but the newest `keep` `step-<digits>` dirs of `root`, never the one `latest` names nor those in `protect`; returns the deleted names."
-    root = Path(root)
-    if keep <= 0 or not root.is_dir(): return []
-    keep_names = {read_latest(root), *protect}
-    steps = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()), key=lambda p: step_of(p.name))
-    gone = []
-    for old in steps[:-keep]:
-        if old.name not in keep_names: shutil.rmtree(old, ignore_errors=True); gone.append(old.name)
-    return gone
-
-def save_checkpoint(ckpt_root, step: int, weights: dict, optimizer, scheduler, state: dict, rngs: list, config=None,
-                    keep: int = 3, kill_midway: bool = False, extra: dict | None = None, protect=()) -> Path:
-    "Write `step-XXXXXXXX` via a temp dir + rename (replacing an older copy of that step), point `latest` at it (never backwards), prune to the last `keep` (not `protect`); returns the dir."
-    from safetensors.torch import save_file
-    root = Path(ckpt_root); root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
-    cur = read_latest(root)
-    if cur is not None and step_of(cur) > step:
-        raise CheckpointError(f"{root / 'latest'} names {cur}, later than step {step}: refusing to move `latest` back "
-                              f"(resume from {root / cur}, or train into another run_dir)")
-    clean_killed_saves(root)
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"; tmp.mkdir()
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, str(tmp / "drafter.safetensors"), metadata={"step": str(step)})
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if kill_midway: os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die with a half-written checkpoint
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    save_rngs(rngs, tmp / "rng.safetensors")
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    if config is not None: save_config(config, tmp / "config.yaml")
-    for name, text in (extra or {}).items(): (tmp / name).write_text(text)
-    for f in tmp.iterdir():
-        with open(f, "rb") as fh: os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    if final.exists():  # never keep an old copy of this step in place of the weights being saved
-        old = root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old); os.rename(tmp, final); shutil.rmtree(old, ignore_errors=True)
-    else: os.rename(tmp, final)
-    _fsync_dir(root)
-    _write_atomic(root / "latest", final.name + "\n")
-    prune_checkpoints(root, keep, protect)
-    return final
-
-_KILLED_SAVE = re.compile(r"\.(tmp|old)-step-\d{1,12}-\d+|\.latest\.tmp-\d+")   # the temp names this module writes
-
-def clean_killed_saves(root) -> list:
-    "Remove what killed saves or downloads left in `root` (only names this module writes); returns their names."
-    root, gone = Path(root), []
-    if not root.is_dir(): return gone
-    for p in sorted(root.iterdir()):
-        if not _KILLED_SAVE.fullmatch(p.name) or p.is_symlink(): continue
-        name = p.name[5:].rsplit("-", 1)[0]
-        if p.name.startswith(".old-") and not (root / name).exists():   # an interrupted swap: the old step is put back
-            os.rename(p, root / name)
-            continue
-        if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
-        else: p.unlink(missing_ok=True)
-        gone.append(p.name)
-    return gone
-
-def newest_complete(root) -> Optional[Path]:
-    "The newest `step-<digits>` dir of `root` that `load_checkpoint` accepts (every file there, readable); else None."
-    root = Path(root)
-    if not root.is_dir(): return None
-    steps = [p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
-    for d in sorted(steps, key=lambda p: step_of(p.name), reverse=True):
-        try: load_checkpoint(d)
-        except (CheckpointError, FileNotFoundError): continue
-        return d
-    return None
-
-def resolve_checkpoint(path) -> Path:
-    "A local checkpoint dir from: a checkpoint dir, a checkpoints dir or run dir (via `latest`, which must name `step-<digits>`)."
-    p = Path(path)
-    if p.name == "latest" and p.is_file(): p = p.parent   # `checkpoints/latest` itself
-    for cand in (p, p / "checkpoints"):
-        if (cand / "state.json").exists(): return cand
-        name = read_latest(cand)
-        if name is not None:
-            d = cand / name
-            if (d / "state.json").exists() and not d.is_symlink(): return d
-            raise FileNotFoundError(f"{cand / 'latest'} names {name}, which is missing or incomplete")
-    raise FileNotFoundError(f"no checkpoint at {p} (expected state.json, or a `latest` file in it or in {p / 'checkpoints'})")
-
-def _read(path: Path, how):
-    "Read one checkpoint file as data; anything else (a pickle with code, a corrupt file) is a CheckpointError naming it."
-    try: return how(path)
-    except FileNotFoundError: raise CheckpointError(f"{path} is missing: the checkpoint {path.parent} is incomplete; resume from another one") from None
-    except Exception as e:
-        raise CheckpointError(f"{path} is not a valid checkpoint file (only tensors and plain data are loaded; "
-                              f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
-                              f"nothing from it was run; resume from another checkpoint") from None
-
-def load_checkpoint(path) -> dict:
-    "Everything `save_checkpoint` wrote, as a dict (weights, optimizer, scheduler, rngs, state, dir); data only, never code."
-    from safetensors.torch import load_file
-    d = resolve_checkpoint(path)
-    tload = lambda f: torch.load(f, map_location="cpu", weights_only=True)
-    def state(f):
-        s = json.loads(f.read_text())
-        if not isinstance(s, dict) or not isinstance(s.get("step"), int): raise ValueError("no integer `step`")
-        return s
-    rng = d / "rng.safetensors"
-    return {"dir": d, "weights": _read(d / "drafter.safetensors", lambda f: load_file(str(f))),
-            "optimizer": _read(d / "optimizer.pt", tload), "scheduler": _read(d / "scheduler.pt", tload),
-            "rngs": _read(rng, load_rngs) if rng.exists() else _read(d / "rng.pt", tload),   # rng.pt: older checkpoints
-            "state": _read(d / "state.json", state)}
-
-# %% ../nbs/08_trainer.ipynb #a1b2c3d5
-def _pid_alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
-class RunLock:
-    "Exclusive ownership of a run dir: `run_dir/train.lock` holds the owner's pid and host (and an flock while it runs); a lock whose pid is dead on this host is stale and taken over."
-    def __init__(self, run_dir):
-        self.path, self.fd, self.taken_over = Path(run_dir) / "train.lock", None, None
-
-    def acquire(self) -> "RunLock":
-        import fcntl, errno, socket
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": round(time.time(), 3)}
-        for _ in range(5):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); held = False
-            except OSError as e: held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
-            try: holder = json.loads(os.pread(fd, 4096, 0).decode() or "null")
-            except ValueError: holder = None
-            if not isinstance(holder, dict): holder = None
-            same_host = holder is not None and holder.get("host") == me["host"]
-            alive = holder is not None and same_host and isinstance(holder.get("pid"), int) and _pid_alive(holder["pid"])
-            if held or (holder is not None and holder.get("pid") != me["pid"] and (alive or not same_host)):
-                os.close(fd)
-                who = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "another process"
-                raise CheckpointError(f"run dir {self.path.parent} is in use by {who} (lock file {self.path}): wait for that "
-                                      f"trainer to finish or pick another train.run_dir; if no trainer runs there any more, delete {self.path}")
-            try: same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino   # not a lock file unlinked meanwhile
-            except FileNotFoundError: same_file = False
-            if not same_file: os.close(fd); continue
-            if holder is not None and holder.get("pid") != me["pid"]: self.taken_over = holder
-            os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(me).encode(), 0); os.fsync(fd)
-            self.fd = fd
-            return self
-        raise CheckpointError(f"could not take the lock {self.path} (it keeps changing); is another trainer starting there?")
-
-    def release(self):
-        if self.fd is None: return
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(os.pread(self.fd, 4096, 0).decode()).get("pid") == os.getpid(): self.path.unlink()
-        os.close(self.fd); self.fd = None
-
-    def __enter__(self): return self.acquire()
-    def __exit__(self, *exc): self.release()
-
-def _agree(distributed: bool, rank: int, fn=None):
-    "Run the check `fn` on rank 0 and raise its CheckpointError on every rank (so no rank waits for one that stopped)."
-    err = None
-    if rank == 0 and fn is not None:
-        try: fn()
-        except CheckpointError as e: err = str(e)
-    if distributed:
-        box = [err]; dist.broadcast_object_list(box, src=0); err = box[0]
-    if err: raise CheckpointError(err)
-
-def _has_checkpoints(root: Path) -> Optional[str]:
-    "What `root` holds of earlier checkpoints (for the message), or None."
-    if not root.is_dir(): return None
-    steps = sorted(p.name for p in root.iterdir() if _STEP_NAME.fullmatch(p.name))
-    if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
-    return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
-
-RUN_FILE = "run.json"   # a run dir's (and an S3 prefix's) identity: {"run_id": ..., "created": ...}
-_RUN_ID = re.compile(r"[0-9a-f]{16}")
-
-def new_run_id() -> str:
-    "A fresh run id: 16 random hex digits."
-    return os.urandom(8).hex()
-
-def read_run_id(run_dir) -> Optional[str]:
-    "The run id in `run_dir/run.json`; None when there is none (a new dir, or one from before run ids)."
-    f = Path(run_dir) / RUN_FILE
-    if not f.exists(): return None
-    try: rid = json.loads(f.read_text()).get("run_id")
-    except (OSError, ValueError, AttributeError): rid = None
-    if not isinstance(rid, str) or not _RUN_ID.fullmatch(rid):
-        raise CheckpointError(f"{f} is not a run file of dflash_nb.train (no run_id): move it away or pick another "
-                              f"train.run_dir")
-    return rid
-
-def checkpoint_run_id(src: str, endpoint_url=None) -> Optional[str]:
-    "The run id in the `state.json` of checkpoint `src` (local or s3://); None if it has none or cannot be read here."
-    try:
-        if not str(src).startswith("s3://"): st = json.loads((resolve_checkpoint(src) / "state.json").read_text())
-        else:
-            bucket, key = split_s3(src)
-            key, c = key.strip("/"), s3_client(endpoint_url)
-            if not key.rsplit("/", 1)[-1].startswith("step-"):
-                name = _s3_latest(c, bucket, f"{key}/latest" if key else "latest")
-                if name is None: return None
-                key = f"{key}/{name}" if key else name
-            st = json.loads(c.get_object(Bucket=bucket, Key=f"{key}/state.json")["Body"].read())
-    except Exception: return None
-    rid = st.get("run_id") if isinstance(st, dict) else None
-    return rid if isinstance(rid, str) and _RUN_ID.fullmatch(rid) else None
-
-def check_run_dir(cfg) -> tuple[Optional[str], Optional[str]]:
-    "Refuse, writing nothing, a run dir that holds another history or another run; returns (its run id, the resume's)."
-    run_dir = Path(cfg.run_dir)
-    ckpt_root = run_dir / "checkpoints"
-    held = _has_checkpoints(ckpt_root)
-    if not cfg.resume and held:
-        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with "
-                              f"train.resume=auto, or pick another train.run_dir (a new run never mixes with an old "
-                              f"one)")
-    mine = read_run_id(run_dir)
-    if mine is None and held: mine = checkpoint_run_id(str(ckpt_root))     # a run dir from before run ids
-    named = cfg.resume and cfg.resume != "auto"
-    theirs = checkpoint_run_id(cfg.resume, cfg.checkpoint.s3_endpoint_url) if named else None
-    if mine and theirs and mine != theirs:
-        raise CheckpointError(f"{run_dir} holds run {mine}, but train.resume={cfg.resume} is a checkpoint of run "
-                              f"{theirs}: resuming it here would mix two runs; resume it into a fresh train.run_dir "
-                              f"(one that does not exist yet)")
-    return mine, theirs
-
-def preflight_run_dir(cfg):
-    "Refuse, before anything (tokenized data included) is written, a run dir that `build_run` would refuse."
-    run_dir = Path(cfg.run_dir)
-    if not run_dir.is_dir(): return check_run_dir(cfg)      # a new dir: only the resume source is read
-    with RunLock(run_dir): return check_run_dir(cfg)         # taken and given back: no live trainer holds it
-
-def _resume_changes(ckpt_dir, cfg) -> list[str]:
-    "What changed in the optimizer, the schedule or the step count between a checkpoint's config.yaml and `cfg`."
-    from dflash_nb.config import load_config
-    f = Path(ckpt_dir) / "config.yaml"
-    if not f.exists(): return []
-    try: old = load_config(TrainConfig, f)   # YAML safe_load + strict typing: data only
-    except Exception as e: return [f"(its config.yaml could not be compared: {str(e)[:120]})"]
-    out = [f"steps {old.steps} -> {cfg.steps}"] if old.steps != cfg.steps else []
-    for k, v in to_dict(cfg.optim).items():
-        if to_dict(old.optim)[k] != v: out.append(f"optim.{k} {to_dict(old.optim)[k]} -> {v}")
-    return out
-
-# %% ../nbs/08_trainer.ipynb #ebf30b59
-_S3_PERMANENT = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "AllAccessDisabled",
-                 "InvalidBucketName", "AccountProblem", "InvalidToken", "ExpiredToken", "InvalidObjectState"}
-
-def s3_permanent(e: BaseException) -> bool:
-    "True for S3 errors that retrying cannot fix (credentials, permissions, missing bucket), looking through wrapped causes."
-    from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (NoCredentialsError, PartialCredentialsError, CheckpointError)): return True
-        if isinstance(e, ClientError):
-            err = e.response.get("Error", {}); status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return str(err.get("Code")) in _S3_PERMANENT or status in (401, 403)
-        e = e.__cause__ or e.__context__
-    return False
-
-def _s3_latest(c, bucket: str, key: str) -> Optional[str]:
-    "The validated checkpoint name of `s3://bucket/key`, None when the object does not exist."
-    from botocore.exceptions import ClientError
-    try: text = c.get_object(Bucket=bucket, Key=key)["Body"].read().decode(errors="replace").strip()
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
-        raise
-    return checkpoint_name(text, f"s3://{bucket}/{key}")
-
-class S3Uploader:
-    """Background uploader of checkpoint dirs to `s3://bucket/prefix`: files first, `latest` last (never backwards), failed
-    uploads retried later, permanent errors fatal; keeps the last `keep` of its own uploads remotely."""
-    def __init__(self, uri: str, endpoint_url=None, retries: int = 5, backoff: float = 1.0, keep: int = 3, report=print,
-                 run_id: Optional[str] = None):   # the run that must own the prefix (its run.json); None: unchecked
-        self.bucket, prefix = split_s3(uri)
-        self.prefix = prefix.strip("/")
-        self.endpoint_url, self.retries, self.backoff, self.keep, self.report = endpoint_url, retries, backoff, keep, report
-        self.q, self.uploaded, self.failed, self.pending = queue.Queue(), [], [], []
-        self.lock, self.fatal, self.latest_step, self.remote = threading.Lock(), None, -1, []
-        self.run_id = run_id
-        self.thread = threading.Thread(target=self._run, name="s3-upload", daemon=True); self.thread.start()
-
-    def key(self, *parts) -> str: return "/".join(p for p in (self.prefix, *parts) if p)
-    def uri(self, *parts) -> str: return f"s3://{self.bucket}/{self.key(*parts)}"
-
-    def preflight(self) -> Optional[str]:
-        "Check the bucket now (a permanent error raises CheckpointError before any training); the remote `latest`, or None."
-        from botocore.exceptions import ClientError
-        try:
-            c = s3_client(self.endpoint_url); c.head_bucket(Bucket=self.bucket)
-            return _s3_latest(c, self.bucket, self.key("latest"))
-        except CheckpointError: raise
-        except Exception as e:
-            missing = isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
-            if missing or s3_permanent(e):
-                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: {'no such bucket' if missing else 'refused'} ({type(e).__name__}: {e}); check the bucket name and the "
-                                      "credentials, or unset checkpoint.s3_uri") from None
-            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
-                         "note": "uploads will be retried"})
-            return None
-
-    def owner(self, c=None) -> Optional[str]:
-        "The run id in `prefix/run.json`, None when the prefix has no owner yet."
-        from botocore.exceptions import ClientError
-        c = c or s3_client(self.endpoint_url)
-        try: body = c.get_object(Bucket=self.bucket, Key=self.key(RUN_FILE))["Body"].read()
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
-            raise
-        try: return str(json.loads(body)["run_id"])
-        except (ValueError, KeyError, TypeError): return "(unreadable)"
-
-    def _own(self, c):
-        "Make sure the prefix is this run's: claim it if unowned (put only if absent), else compare the owner."
-        from botocore.exceptions import ClientError
-        if self.run_id is None: return
-        if self.owner(c) is None:
-            body = json.dumps({"run_id": self.run_id, "created": round(time.time(), 3)}).encode()
-            try: c.put_object(Bucket=self.bucket, Key=self.key(RUN_FILE), Body=body, IfNoneMatch="*")
-            except ClientError as e:   # 412: another run put it first (409: a put of it still in flight)
-                if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412): raise
-        owner = self.owner(c)
-        if owner != self.run_id:
-            raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), not to this run "
-                                  f"{self.run_id}: "
-                                  f"give this run a checkpoint.s3_uri of its own (or resume that run from {self.uri()} "
-                                  f"into a fresh train.run_dir)")
-
-    def claim(self):
-        "Claim the prefix before training (another run's: CheckpointError); an unreachable S3: at the first upload."
-        try: self._own(s3_client(self.endpoint_url))
-        except CheckpointError: raise
-        except Exception as e:
-            if s3_permanent(e):
-                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: refused ({type(e).__name__}: {e})") from None
-            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
-                         "note": "the prefix is claimed at the first upload"})
-
-    def submit(self, ckpt_dir: Path):
-        with self.lock: self.pending.append(Path(ckpt_dir).name)
-        self.q.put(Path(ckpt_dir))
-
-    def not_in_s3(self) -> set:
-        "Names submitted but not (yet) uploaded: their local copies must not be pruned."
-        with self.lock: return set(self.pending) | set(self.failed)
-
-    def _upload(self, d: Path):
-        c = s3_client(self.endpoint_url)
-        self._own(c)        # checked before every upload: nothing of this run lands in another run's prefix
-        files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: (f.name == "state.json", f.name))
-        for f in files: c.upload_file(str(f), self.bucket, self.key(d.name, f.name))   # state.json last: the step is complete
-        step = step_of(d.name)
-        if step > self.latest_step:
-            remote = _s3_latest(c, self.bucket, self.key("latest"))
-            if remote is not None and step_of(remote) > step and remote not in self.remote:
-                raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: another run writes to "
-                                      f"this prefix; use a checkpoint.s3_uri of its own")
-            c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
-            self.latest_step = step
-        with self.lock: self.remote.append(d.name)
-        self._prune(c)
-
-    def _prune(self, c):
-        "Delete this run's own old uploads beyond `keep`, never the step the remote `latest` names."
-        if self.keep <= 0: return
-        own = sorted(set(self.remote), key=step_of)[:-self.keep]
-        if not own: return
-        named = _s3_latest(c, self.bucket, self.key("latest"))
-        for old in own:
-            if old == named: continue
-            for p in c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(old) + "/"):
-                for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
-            with self.lock: self.remote = [n for n in self.remote if n != old]
-
-    def _attempt(self, d: Path, tries: Optional[int] = None) -> bool:
-        "Upload `d` with up to `tries` attempts (default: `retries`); True once it is in S3."
-        delay, tries = self.backoff, tries or self.retries
-        for attempt in range(1, tries + 1):
-            try:
-                self._upload(d)
-                with self.lock:
-                    self.uploaded.append(d.name)
-                    if d.name in self.failed: self.failed.remove(d.name)
-                self.report({"event": "s3_upload", "checkpoint": d.name, "uri": self.uri(d.name), "attempt": attempt})
-                return True
-            except Exception as e:
-                permanent = s3_permanent(e)
-                last = permanent or attempt == tries
-                self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": tries,
-                             "error": f"{type(e).__name__}: {e}"[:300], "permanent": permanent,
-                             "retry_in_s": None if last else delay, "local_copy": str(d)})
-                if permanent: self.fatal = f"{self.uri(d.name)}: {type(e).__name__}: {e}"[:400]
-                if last:
-                    with self.lock:
-                        if d.name not in self.failed: self.failed.append(d.name)
-                    return False
-                time.sleep(delay); delay *= 2
-        return False
-
-    def _retry_failed(self):
-        "One more attempt for each earlier failure, oldest first; the first that fails again ends the round (the server is still away)."
-        for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
-            if self.fatal or not (self.dirs_root / name).is_dir() or not self._attempt(self.dirs_root / name, tries=1): return
-
-    def _run(self):
-        self.dirs_root = None
-        while True:
-            d = self.q.get()
-            if d is None: break
-            self.dirs_root = d.parent
-            if not self.fatal:
-                self._retry_failed()              # the server may be back: older failures first, `latest` stays monotonic
-                if not self.fatal: self._attempt(d)
-            if self.fatal:
-                with self.lock:
-                    if d.name not in self.failed: self.failed.append(d.name)
-            with self.lock: self.pending.remove(d.name)
-        if self.dirs_root is not None and not self.fatal: self._retry_failed()   # a last round at the end of the run
-
-    def close(self, timeout: float = 600.0) -> bool:
-        "Finish pending uploads and retry failed ones (up to `timeout` seconds); reports and returns False if some checkpoints are not in S3."
-        self.q.put(None); self.thread.join(timeout)
-        missing = sorted(self.not_in_s3(), key=step_of)
-        if not missing: return True
-        self.report({"event": "s3_upload_unfinished", "checkpoints": missing, "waited_s": timeout, "local_copy": "kept",
-                     **({"error": self.fatal} if self.fatal else {})})
-        return False
-
-def download_checkpoint(uri: str, dest, endpoint_url=None) -> Path:
-    "Download `s3://bucket/prefix` (its `latest`) or `s3://bucket/prefix/step-…` into `dest`; only plain `step-<digits>/<file>` keys, written under `dest`; returns the local checkpoint dir."
-    bucket, key = split_s3(uri)
-    key = key.strip("/")
-    c = s3_client(endpoint_url)
-    name = key.rsplit("/", 1)[-1]
-    if not name.startswith("step-"):
-        lk = f"{key}/latest" if key else "latest"
-        try: name = _s3_latest(c, bucket, lk)
-        except CheckpointError: raise
-        except Exception as e: raise FileNotFoundError(f"cannot read s3://{bucket}/{lk}: {e}") from e
-        if name is None: raise FileNotFoundError(f"no checkpoint `latest` under {uri}")
-        key = f"{key}/{name}" if key else name
-    checkpoint_name(name, uri)
-    dest = Path(dest); dest.mkdir(parents=True, exist_ok=True)
-    out, tmp = inside(dest, name), inside(dest, f".tmp-{name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
-    names = []
-    for p in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/"):
-        for k in p.get("Contents", []):
-            rel = k["Key"][len(key) + 1:]
-            f = inside(tmp, rel, f"s3://{bucket}/{k['Key']}")   # refuses `..`, nested keys, anything leading out of dest
-            c.download_file(bucket, k["Key"], str(f)); names.append(rel)
-    if "state.json" not in names or "drafter.safetensors" not in names:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"s3://{bucket}/{key}/ is not a complete checkpoint (no state.json or drafter.safetensors): "
-                              "its upload did not finish; resume from another step")
-    if out.exists():   # an earlier download of the same step: replaced only if it looks like one (plain files, a state.json)
-        if out.is_symlink() or not out.is_dir() or not (out / "state.json").is_file() or any(not f.is_file() or f.is_symlink() for f in out.iterdir()):
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointError(f"{out} exists and is not an earlier download of {name}: refusing to replace it; move it away")
-        shutil.rmtree(out)
-    os.rename(tmp, out)
-    return out
-
 # %% ../nbs/08_trainer.ipynb #865c66f8
 def peak_memory_gb(devices) -> dict:
     "Peak memory per device in GB: CUDA allocator peak, or this process's peak RSS for CPU."
@@ -1212,8 +649,7 @@ def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
     "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (where to resume after a blow-up)."
     from safetensors import safe_open
     root = Path(ckpt_root)
-    dirs = sorted((p for p in root.iterdir() if _STEP_NAME.fullmatch(p.name)), reverse=True) if root.is_dir() else []
-    for d in dirs:
+    for d in reversed(step_dirs(root)):
         with contextlib.suppress(Exception):   # an unreadable one is not a good one
             with safe_open(str(d / "drafter.safetensors"), "pt") as f:
                 if all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys()): return d
@@ -1362,7 +798,7 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
         if gone: print(f"{log_prefix}note: removed leftovers of killed saves in {d}: {', '.join(gone)}", flush=True)
     if mine is None:   # a new run, or a resume continuing the source's run in a new dir
         ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
-        _write_atomic(run_dir / RUN_FILE, json.dumps(ident) + "\n")
+        atomic_write_text(run_dir / RUN_FILE, json.dumps(ident) + "\n")
 
 def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "", locks: Optional[list] = None) -> Run:
     "Processes, devices, the run dir (locked: the lock is appended to `locks`), data, models, optimizer, schedule, backend."
@@ -1376,7 +812,7 @@ def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: 
     if cfg.global_batch % world: raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
     run_dir = Path(cfg.run_dir); run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
-    _agree(distributed, rank, lambda: _own_run_dir(cfg, run_dir, ckpt_root, locks, log_prefix))
+    check_on_rank0(distributed, rank, lambda: _own_run_dir(cfg, run_dir, ckpt_root, locks, log_prefix))
     run_id = read_run_id(run_dir) if rank == 0 else None
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = _Log(run_dir, rank, cfg.steps)
@@ -1433,7 +869,7 @@ def resume_from(run: Run) -> tuple[int, dict]:
     optimizer, scheduler = run.optimizer, run.scheduler
     start, counters = 0, {"nonfinite_total": 0}
     src = cfg.resume
-    if src == "auto" and not (ckpt_root / "latest").exists() and _has_checkpoints(ckpt_root):
+    if src == "auto" and not (ckpt_root / "latest").exists() and checkpoints_held(ckpt_root):
         found = newest_complete(ckpt_root)    # a save killed before `latest` moved: never start over its steps
         if found is None:
             raise CheckpointError(f"{ckpt_root} holds step dirs but no `latest` and no complete checkpoint: refusing "
@@ -1454,7 +890,7 @@ def resume_from(run: Run) -> tuple[int, dict]:
                               f"continuing here would rewrite this run's history; resume into another train.run_dir, or resume from {ckpt_root}")
     run.drafter.load_trainable_state_dict({k: v.to(run.ddev) for k, v in ck["weights"].items()})
     optimizer.load_state_dict(ck["optimizer"]); scheduler.load_state_dict(ck["scheduler"])
-    changes = _resume_changes(ck["dir"], cfg)
+    changes = resume_changes(ck["dir"], cfg)
     if changes:   # the config given now applies from the resume step: hyper-parameters and the schedule's base lr
         for g in optimizer.param_groups:
             g.update(betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, initial_lr=o.lr)
@@ -1481,7 +917,7 @@ class Checkpointer:
             self.uploader = S3Uploader(cfg.checkpoint.s3_uri, cfg.checkpoint.s3_endpoint_url, cfg.checkpoint.s3_retries,
                                        cfg.checkpoint.s3_backoff, cfg.checkpoint.keep, report=run.log.record,
                                        run_id=run.run_id)
-        try: _agree(run.distributed, run.rank, (lambda: self._s3_check(start)) if self.uploader else None)
+        try: check_on_rank0(run.distributed, run.rank, (lambda: self._s3_check(start)) if self.uploader else None)
         except CheckpointError:
             if self.uploader: self.uploader.close(timeout=5)
             raise
@@ -1506,7 +942,7 @@ class Checkpointer:
         rngs = [None] * run.world if run.distributed else None
         if run.distributed: dist.gather_object(rng_state(run.ddev), rngs if run.rank == 0 else None, dst=0)
         else: rngs = [rng_state(run.ddev)]
-        _agree(run.distributed, run.rank, lambda: self.save(step, rngs))
+        check_on_rank0(run.distributed, run.rank, lambda: self.save(step, rngs))
 
     def save(self, step: int, rngs: list):
         "Write the checkpoint of `step` (rank 0) and submit it for upload."
@@ -1515,7 +951,7 @@ class Checkpointer:
                  "data_id": run.data_id,
                  "run_id": run.run_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
         d = save_checkpoint(run.ckpt_root, step, run.drafter.trainable_state_dict(), run.optimizer, run.scheduler, state, rngs, cfg,
-                            keep=cfg.checkpoint.keep, kill_midway=cfg.fault.kill_in_checkpoint == step,
+                            keep=cfg.checkpoint.keep, fault=cfg.fault,
                             extra={"drafter_config.json": json.dumps(to_dict(run.dcfg), indent=1)},
                             protect=uploader.not_in_s3() if uploader else ())   # local copies stay until they are in S3
         self.last = d
@@ -1727,7 +1163,7 @@ def _record_backend(run: Run):
         if (old.get("backend"), old.get("reason")) == (run.backend, run.backend_why): return   # the probe's own record
     rec = {"backend": run.backend, "reason": run.backend_why, "device": str(run.ddev), "probed": False,
            "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _write_atomic(p, json.dumps(rec, indent=2))
+    atomic_write_text(p, json.dumps(rec, indent=2))
 
 def _nonfinite_story(run: Run, metrics=None) -> str:
     "What went non-finite (features, loss, gradients, weights: in how many steps) and the checkpoint to go back to."

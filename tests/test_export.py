@@ -149,7 +149,8 @@ def test_refuses_frozen_weights_and_wrong_target(setup, tmp_path):
 def test_checkpoint_cli(tmp_path):
     "A real (2-step) training run's checkpoint → `python -m dflash_nb.export` → loads with the same weights and config."
     from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig, train, resolve_checkpoint
+    from dflash_nb.trainer import TrainConfig, train
+    from dflash_nb.checkpoint import resolve_checkpoint
     from dflash_nb.data import synthetic_records, write_jsonl, tokenize_dataset, qwen3_tokenizer_dir, DataConfig
     src = write_jsonl(synthetic_records(6, seed=0, approx_tokens=40), tmp_path / "in.jsonl")
     tokenize_dataset([str(src)], qwen3_tokenizer_dir(), tmp_path / "data",
@@ -189,7 +190,7 @@ def _cli(*args):
 
 def test_export_out_never_destroys_foreign_dirs(setup, tmp_path):
     "`--out` over a foreign dir, over an export holding user files, or over an export without --overwrite: exit 2, one line, nothing touched."
-    from dflash_nb.trainer import save_checkpoint, rng_state
+    from dflash_nb.checkpoint import save_checkpoint, rng_state
     target, cfg, drafter = setup
     from dflash_nb.config import to_dict
     m = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])

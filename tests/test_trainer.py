@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest, torch
 from _trainer_common import (make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO)
 from _trainer_common import intra_op_threads, SUBPROCESS_THREADS
-from dflash_nb.trainer import train, NonFiniteError, resolve_checkpoint, load_checkpoint, load_rngs, RowStream, rank_row
+from dflash_nb.trainer import train, NonFiniteError, RowStream, rank_row
+from dflash_nb.checkpoint import load_checkpoint, load_rngs
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +103,14 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path, data_dir):
     assert p.returncode == -signal.SIGKILL, p.stdout[-2000:] + p.stderr[-2000:]
     root = tmp_path / "run" / "checkpoints"
     assert (root / "latest").read_text().strip() == "step-00000002"
-    assert list(root.glob(".tmp-step-00000004-*")), "the half-written checkpoint should be a temp dir"
+    assert list(root.glob(".step-00000004.tmp-*")), "the half-written checkpoint should be a temp dir"
     assert not (root / "step-00000004").exists()
     ck = load_checkpoint(tmp_path / "run")
     assert ck["state"]["step"] == 2 and ck["weights"]
     p = run_module(cfg, "train.resume=auto", "train.fault.kill_in_checkpoint=null")
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert latest(tmp_path / "run").name == "step-00000006"
-    assert not list(root.glob(".tmp-*")), "stale temp dirs are cleaned by the next save"
+    assert not list(root.glob(".step-*.tmp-*")), "stale temp dirs are cleaned by the next save"
 
 
 def test_nan_loss_is_skipped_and_counted(tmp_path, data_dir):

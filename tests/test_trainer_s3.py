@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest, torch
 from _trainer_common import make_data, train_dict, write_run_config, losses, weights, latest, env, REPO
 from s3_server import S3Server
-from dflash_nb.trainer import download_checkpoint, load_checkpoint
+from dflash_nb.checkpoint import load_checkpoint
+from dflash_nb.s3sync import download_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,10 @@ import json, os, pickle, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from _trainer_common import make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO
-from dflash_nb import trainer as T
-from dflash_nb.trainer import (train, load_checkpoint, resolve_checkpoint, save_checkpoint, download_checkpoint, CheckpointError,
-                               S3Uploader, RunLock, lr_factor)
+from dflash_nb import s3sync
+from dflash_nb.trainer import train, lr_factor
+from dflash_nb.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, CheckpointError, RunLock, rng_state
+from dflash_nb.s3sync import S3Uploader, download_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_crafted_remote_latest_and_keys_refused(tmp_path, ckpt, s3_server, monke
         with pytest.raises(CheckpointError, match="not a plain file name"): download_checkpoint(f"s3://{bucket}/p", dest)
         c.delete_object(Bucket=bucket, Key="p/step-00000002/sub/state.json")
         # SeaweedFS itself refuses keys with `..`; AWS stores them. Inject one into the listing (fault injection).
-        real = T.s3_client
+        real = s3sync.s3_client
         def client(*a, **k):
             cl = real(*a, **k); pag = cl.get_paginator
             class P:
@@ -138,7 +139,7 @@ def test_crafted_remote_latest_and_keys_refused(tmp_path, ckpt, s3_server, monke
                         yield {**page, "Contents": page.get("Contents", []) + [{"Key": "p/step-00000002/../../../escape.txt"}]}
             cl.get_paginator = lambda name: P()
             return cl
-        monkeypatch.setattr(T, "s3_client", client)
+        monkeypatch.setattr(s3sync, "s3_client", client)
         with pytest.raises(CheckpointError, match="not a plain file name"): download_checkpoint(f"s3://{bucket}/p", dest)
     assert not list(tmp_path.rglob("escape.txt"))
 
@@ -197,7 +198,7 @@ def test_rollback_refused_and_config_change_reported(tmp_path, data_dir, capsys)
 def test_existing_step_is_replaced_and_latest_never_moves_back(tmp_path):
     "Saving a step that exists writes the new weights (the old copy is not kept); saving an earlier step than `latest` is refused."
     m = torch.nn.Linear(3, 2); o = torch.optim.AdamW(m.parameters()); s = torch.optim.lr_scheduler.LambdaLR(o, lambda i: 1.0)
-    rng = [T.rng_state(torch.device("cpu"))]
+    rng = [rng_state(torch.device("cpu"))]
     save_checkpoint(tmp_path, 2, {"w": torch.zeros(2)}, o, s, {"step": 2}, rng)
     save_checkpoint(tmp_path, 2, {"w": torch.ones(2)}, o, s, {"step": 2}, rng)
     assert torch.equal(load_checkpoint(tmp_path)["weights"]["w"], torch.ones(2))
@@ -323,7 +324,7 @@ def test_server_killed_during_upload_then_back(tmp_path):
 
 def test_half_uploaded_step_is_never_latest(tmp_path, s3_server, monkeypatch):
     "A step whose upload breaks half-way (fault injected on state.json) is not named by `latest`, and a download of it is refused."
-    real = T.s3_client
+    real = s3sync.s3_client
     def client(*a, **k):
         cl = real(*a, **k); up = cl.upload_file
         def upload_file(f, b, key, *x, **y):
@@ -331,7 +332,7 @@ def test_half_uploaded_step_is_never_latest(tmp_path, s3_server, monkeypatch):
             return up(f, b, key, *x, **y)
         cl.upload_file = upload_file
         return cl
-    monkeypatch.setattr(T, "s3_client", client)
+    monkeypatch.setattr(s3sync, "s3_client", client)
     bucket = s3_server.make_bucket("half")
     with s3_server.env():
         up = S3Uploader(f"s3://{bucket}/p", retries=2, backoff=0.05, report=lambda e: None)
@@ -411,10 +412,11 @@ def test_leftovers_of_killed_saves_are_cleaned_on_the_next_start(tmp_path, data_
     run = tmp_path / "run"
     train(train_cfg(run, data_dir, steps=2, checkpoint={"every": 2}))
     root = run / "checkpoints"
-    (root / ".tmp-step-00000004-999999").mkdir()
-    (root / ".tmp-step-00000004-999999" / "optimizer.pt").write_bytes(b"half")
+    (root / ".step-00000004.tmp-999999").mkdir()
+    (root / ".step-00000004.tmp-999999" / "optimizer.pt").write_bytes(b"half")
     (root / ".latest.tmp-999999").write_text("step-00000004\n")
-    (run / "resume" / ".tmp-step-00000002-999998").mkdir(parents=True)
+    (root / ".tmp-step-00000003-999997").mkdir()            # the name saves used before
+    (run / "resume" / ".step-00000002.tmp-999998").mkdir(parents=True)
     (root / ".tmp-mine").write_text("not a name the trainer writes")
     train(train_cfg(run, data_dir, steps=3, resume="auto", checkpoint={"every": 0, "final": False}))
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == [".tmp-mine"]
