@@ -42,7 +42,7 @@ def test_train_config_failures_are_one_line(tmp_path, capsys, text, overrides, w
     cfg = tmp_path / "run.yaml"
     cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert train_mod.main(["--config", str(cfg), *overrides]) == 2
-    line = _one_line(capsys, "dflash_nb.train")
+    line = _one_line(capsys, "python -m dflash_nb.train")
     assert words in line and (overrides or str(cfg) in line), line
 
 
@@ -50,7 +50,7 @@ def test_data_chat_template_kwargs_too_deep(tmp_path, capsys):
     argv = ["--input", str(tmp_path / "x.jsonl"), "--tokenizer", "t", "--out", str(tmp_path / "o"),
             "--chat-template-kwargs", "[" * 50_000 + "]" * 50_000]
     assert data_mod.main(argv) == 2
-    assert _one_line(capsys, "dflash_nb.data") == "--chat-template-kwargs: nested deeper than 64 levels"
+    assert _one_line(capsys, "python -m dflash_nb.data") == "--chat-template-kwargs: nested deeper than 64 levels"
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_evaluate_failures_are_one_line(exported, monkeypatch, capsys, name, edi
                                       str(exported / "p.jsonl"), "--max-new-tokens", "2", *extra])
     with pytest.raises(SystemExit) as e: ev.cli()
     assert e.value.code == 2
-    assert words in _one_line(capsys, "dflash_nb.evaluate")
+    assert words in _one_line(capsys, "python -m dflash_nb.evaluate")
 
 
 def test_export_failure_is_one_line(exported, tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_export_failure_is_one_line(exported, tmp_path, capsys):
     (ck / "drafter_config.json").write_text("[" * 50_000)
     shutil.copy(exported / "good" / "model.safetensors", ck / "drafter.safetensors")
     assert run_cli(ex.main, ["--checkpoint", str(ck), "--out", str(tmp_path / "out")], "dflash_nb.export") == 2
-    assert "drafter_config.json: nested deeper than 64 levels" in _one_line(capsys, "dflash_nb.export")
+    assert "drafter_config.json: nested deeper than 64 levels" in _one_line(capsys, "python -m dflash_nb.export")
 
 
 def _torch_save_full():

@@ -53,10 +53,10 @@ def _cli(*args, timeout=120):
 
 def test_train_cli_one_line_exit_2_and_debug_traceback():
     r = _cli("-m", "dflash_nb.train", "train.steps=-5")
-    assert r.returncode == 2 and r.stderr.strip() == "dflash_nb.train: error: train.steps: must be >= 1, got -5", r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == "python -m dflash_nb.train: error: train.steps: must be >= 1, got -5", r.stderr
     r = _cli("-m", "dflash_nb.train", "train.target.tiny.bogus=1", "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr
-    assert r.stderr.strip().splitlines()[-1].startswith("dflash_nb.train: error: unknown config key train.target.tiny.bogus")
+    assert r.stderr.strip().splitlines()[-1].startswith("python -m dflash_nb.train: error: unknown config key train.target.tiny.bogus")
 
 
 def test_evaluate_and_export_cli_one_line_exit_2(tmp_path):
