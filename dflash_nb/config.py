@@ -274,13 +274,17 @@ def parse_override(item: str) -> tuple[str, object]:
     return key, value
 
 
-def apply_overrides(data: dict, overrides=()) -> dict:
-    "Return a copy of nested dict `data` with each `key=value` of `overrides` set (dotted keys reach nested sections)."
+def apply_overrides(
+    data: dict,  # nested config data, e.g. a YAML file's; not modified
+    overrides=(),  # `key=value` texts (the command line), or a dict {key: value} of values already typed (code)
+) -> dict:
+    "A copy of `data` with each override set; dotted keys reach nested sections, and a dict value replaces the key's."
     import copy
 
     out = copy.deepcopy(data or {})
-    for item in overrides:
-        _set_dotted(out, *parse_override(item))
+    pairs = overrides.items() if isinstance(overrides, dict) else map(parse_override, overrides)
+    for key, value in pairs:
+        _set_dotted(out, key, copy.deepcopy(value))
     return out
 
 # %% ../nbs/00_config.ipynb #a8b38993
