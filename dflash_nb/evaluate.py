@@ -1046,7 +1046,7 @@ def _json_dict(text: str, flag: str) -> dict:
     return d
 
 def main(argv=None) -> dict:
-    "`python -m dflash_nb.evaluate --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
+    "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
     from dflash_nb.config import CliParser
 
     ap = CliParser(

@@ -389,7 +389,7 @@ def _main(argv: list) -> int:
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
 
 def cli():
-    "Console script `dflash-train` (`python -m dflash_nb.train`): `main` runs through `run_cli`; its int is the exit code."
+    "Console script `dflash-train` (`python -m dflash_nb.train`); `main` returns `run_cli`'s exit code."
     sys.exit(main())
 
 # %% ../nbs/11_train.ipynb #b79eba8d
