@@ -1133,22 +1133,35 @@ def write_jsonl(records, path) -> Path:
 
 # %% ../nbs/01_data.ipynb #18844668
 def main(argv=None) -> int:
-    "Command line entry point of `python -m dflash_nb.data`: expected failures are one line on stderr and exit 2 (`--debug`: with traceback)."
+    "Command line of `python -m dflash_nb.data`: an expected failure is one line and exit 2 (`--debug`: the stack)."
     return run_cli(_main, argv, prog="dflash_nb.data")
 
+
 def cli():
-    "Console script `dflash-data` (same as `python -m dflash_nb.data`); `main` already runs through `run_cli`, and its int is the exit status."
+    "Console script `dflash-data` (`python -m dflash_nb.data`): `main` runs through `run_cli`; its int is the exit code"
     sys.exit(main())
+
 
 def _main(argv: list) -> int:
     import argparse
     from dflash_nb.config import config_help, CliParser
-    ap = CliParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
-                                             "Errors are one line (exit 2); --debug shows their traceback.",
-                                 epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
-    ap.add_argument("--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or s3:// URIs")
-    ap.add_argument("--tokenizer", required=True, help="directory with the target's tokenizer (tokenizer.json + chat template); hub:NAME to download NAME from the Hugging Face hub")
+
+    ap = CliParser(
+        prog="dflash_nb.data",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
+        "Errors are one line (exit 2); --debug shows their traceback.",
+        epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig),
+    )
+    ap.add_argument(
+        "--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or s3:// URIs"
+    )
+    ap.add_argument(
+        "--tokenizer",
+        required=True,
+        help="directory with the target's tokenizer (tokenizer.json + chat template); "
+        "hub:NAME to download NAME from the Hugging Face hub",
+    )
     ap.add_argument("--out", required=True, help="output directory for shard-*.arrow and manifest.json")
     h = {f.name: f.metadata.get("help", "").lstrip("* ") for f in dataclasses.fields(DataConfig)}
     ap.add_argument("--workers", type=int, help=h["workers"])
@@ -1156,7 +1169,11 @@ def _main(argv: list) -> int:
     ap.add_argument("--min-loss-tokens", type=int, help=h["min_loss_tokens"])
     ap.add_argument("--max-degenerate-fraction", type=float, help=h["max_degenerate_fraction"])
     ap.add_argument("--max-malformed-fraction", type=float, help=h["max_malformed_fraction"])
-    ap.add_argument("--chat-template-kwargs", metavar="JSON", help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')')
+    ap.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')',
+    )
     ap.add_argument("--force", action="store_true", default=None, help=h["force"])
     ap.add_argument("--replace", action="store_true", default=None, help=h["replace"])
     ap.add_argument("--all-turns", action="store_true", default=None, help=h["all_turns"])
@@ -1164,13 +1181,22 @@ def _main(argv: list) -> int:
     ap.add_argument("overrides", nargs="*", help="DataConfig key=value")
     args = ap.parse_args(argv)
     cfg = load_config(DataConfig, args.config, args.overrides)
-    flags = {"workers": args.workers, "max_seq_len": args.max_seq_len, "min_loss_tokens": args.min_loss_tokens,
-             "max_degenerate_fraction": args.max_degenerate_fraction, "max_malformed_fraction": args.max_malformed_fraction,
-             "force": args.force, "replace": args.replace, "all_turns": args.all_turns}
+    flags = {
+        "workers": args.workers,
+        "max_seq_len": args.max_seq_len,
+        "min_loss_tokens": args.min_loss_tokens,
+        "max_degenerate_fraction": args.max_degenerate_fraction,
+        "max_malformed_fraction": args.max_malformed_fraction,
+        "force": args.force,
+        "replace": args.replace,
+        "all_turns": args.all_turns,
+    }
     if args.chat_template_kwargs is not None:
         from .config import parse_document
-        kw = parse_document(args.chat_template_kwargs, "--chat-template-kwargs", "json")   # size and depth limits too
-        if not isinstance(kw, dict): raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
+
+        kw = parse_document(args.chat_template_kwargs, "--chat-template-kwargs", "json")  # size and depth limits too
+        if not isinstance(kw, dict):
+            raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
         flags["chat_template_kwargs"] = {**cfg.chat_template_kwargs, **kw}
     cfg = validate_config(dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}))
     tokenize_dataset(args.input, args.tokenizer, args.out, cfg)

@@ -85,7 +85,7 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
 def main(argv=None) -> int:
     "`python -m dflash_nb.gguf [--gguf FILE] --out DIR [--dtype float32|bfloat16]`"
     from dflash_nb.config import CliParser, ExpectedError
-    ap = CliParser(prog="python -m dflash_nb.gguf",
+    ap = CliParser(prog="dflash_nb.gguf",
                    description="Convert a GGUF model into a plain HF directory the trainer loads.")
     ap.add_argument("--gguf", default=None,
                     help=f"the .gguf file (default: {SMOLLM2_FILE} of the installed {SMOLLM2_WHEEL} wheel)")

@@ -39,16 +39,16 @@ for the P @ V and dS @ K / dS^T @ Q products on the GPU (as in FlashAttention). 
 loads everything as fp32 because the interpreter computes bf16 wrongly. IEEE selects exact fp32 dots for fp32
 inputs on the GPU (the default there would be TF32).
 """
-import os
-
 import triton
 import triton.language as tl
+
+from dflash_nb.kernels.anchor_attention import interpret_requested
 
 # Reductions go through tl.reduce with combine functions chosen here instead of tl.max / tl.min / tl.sum (and
 # tl.full instead of tl.zeros): those are @triton.jit functions of Triton's own standard library, built in whichever
 # mode TRITON_INTERPRET had when `triton` was first imported. Using only builtins plus functions of this file keeps
 # each variant of this file self-consistent, so the interpreter and the compiler can both be used in one process.
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if interpret_requested():
     from triton.language import standard as _std
 
     # the interpreter recognises these by identity and reduces with numpy (never calling them)
@@ -65,6 +65,17 @@ else:
     @triton.jit
     def _add_fn(a, b):
         return a + b
+
+
+@triton.jit
+def _check_tiles(B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HEAD_DIM: tl.constexpr):
+    """Compile-time checks of a launch shape, shared by the three kernels: tl.dot's 16-multiples, whole blocks."""
+    tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
+    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
+    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
+    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
+    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a reduction dim of at least 16")
 
 
 @triton.jit
@@ -86,9 +97,9 @@ def _visible(m2, n2, lo2, hi2, S, WINDOW, B: tl.constexpr, CTX: tl.constexpr, OW
         vis = (n2 >= lo2) & (n2 < hi2)  # the row's context range (its window bound already in lo2)
         if OWN:
             rel = n2 - S  # negative for context columns; masked by n2 >= S below
-            vis = vis | ((n2 >= S) & _own_visible(m2, rel, WINDOW, B, CAUSAL))
+            vis = vis | ((n2 >= S) & _own_visible(m2, rel, WINDOW, B, CAUSAL=CAUSAL))
     else:
-        vis = _own_visible(m2, n2 - S, WINDOW, B, CAUSAL)  # own-key phase: every column is >= S
+        vis = _own_visible(m2, n2 - S, WINDOW, B, CAUSAL=CAUSAL)  # own-key phase: every column is >= S
     return vis
 
 
@@ -114,7 +125,7 @@ def _dot(a, b, acc, IEEE: tl.constexpr):
 
 @triton.jit
 def _query_tile(CS, CE, QT_ORDER, S, NB, WINDOW, B: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """This program's query tile: first row, rows, their validity, each row's context range and the tile's union [lo, hi)."""
+    """This program's query tile: first row, rows, their validity, row context ranges, the tile union [lo, hi)."""
     tile = tl.load(QT_ORDER + tl.program_id(1))  # heaviest tiles first (host-side order)
     offs_r = tl.arange(0, BLOCK_M)
     row0 = tile * ROWS
@@ -132,7 +143,7 @@ def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, r
                  B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                  CTX: tl.constexpr, OWN: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
                  IEEE: tl.constexpr):
-    """Load the kv tile at start_n (columns >= hi masked) and score it: (k, v, q @ k^T, visibility), shared by fwd and dQ."""
+    """Load the kv tile at start_n (columns >= hi masked) and score it: (k, v, q @ k^T, visibility); fwd and dQ."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     col_ok = offs_n < hi
@@ -143,7 +154,8 @@ def _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, r
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     qk = _dot(q, tl.trans(k), tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32), IEEE)
-    vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S, WINDOW, B, CTX, OWN, CAUSAL)
+    vis = _visible(offs_m[:, None], offs_n[None, :], row_lo[:, None], row_hi[:, None], S, WINDOW, B, CTX=CTX, OWN=OWN,
+                   CAUSAL=CAUSAL)
     return k, v, qk, vis & col_ok[None, :] & row_ok[:, None]
 
 
@@ -156,7 +168,8 @@ def _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
     """Online-softmax sweep of kv columns [lo, hi) for one query tile (context phase or own-key phase)."""
     for start_n in range(lo, hi, BLOCK_N):
         k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
-                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
+                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=CTX, OWN=OWN,
+                                     CAUSAL=CAUSAL, UPCAST=UPCAST, IEEE=IEEE)
         s = tl.where(vis, qk * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(s, 1, _max_fn))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: no inf - inf
@@ -176,11 +189,7 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
          B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """Forward: one program per (query head, query tile of BPT whole draft blocks)."""
-    tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
-    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
-    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
-    tl.static_assert(HEAD_DIM >= 16, "tl.dot needs a reduction dim of at least 16")
+    _check_tiles(B, BPT, BLOCK_M, BLOCK_N, HEAD_DIM)
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
     hk = h // GROUP
@@ -199,11 +208,13 @@ def _fwd(Q, K, V, O, LSE, CS, CE, QT_ORDER,
     acc = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, lo, hi,
                                offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
-                               B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
+                               B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=True, OWN=False, CAUSAL=CAUSAL, UPCAST=UPCAST,
+                               IEEE=IEEE)
     own_hi = S + tl.minimum(row0 + ROWS, NB)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_vn, S + row0, own_hi,
                                offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
-                               B, BLOCK_M, BLOCK_N, HEAD_DIM, False, True, CAUSAL, UPCAST, IEEE)
+                               B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=False, OWN=True, CAUSAL=CAUSAL, UPCAST=UPCAST,
+                               IEEE=IEEE)
     seen = l_i > 0.0
     l_div = tl.where(seen, l_i, 1.0)
     out = acc / l_div[:, None]  # rows that see nothing: acc == 0 -> 0, never NaN
@@ -238,7 +249,8 @@ def _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, h
     zero = tl.full([BLOCK_M, BLOCK_N], 0.0, dtype=tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         k, v, qk, vis = _scores_tile(q, k_base, v_base, stride_kn, stride_vn, start_n, hi, offs_m, row_ok, row_lo,
-                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX, OWN, CAUSAL, UPCAST, IEEE)
+                                     row_hi, S, WINDOW, B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=CTX, OWN=OWN,
+                                     CAUSAL=CAUSAL, UPCAST=UPCAST, IEEE=IEEE)
         p = tl.where(vis, tl.exp2(qk * qk_scale - lse[:, None]), 0.0)
         dp = _dot(do, tl.trans(v), zero, IEEE)
         ds = p * (dp - delta[:, None])
@@ -254,10 +266,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
             B: tl.constexpr, BPT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     """dQ: one program per (query head, query tile); walks the same kv ranges as the forward."""
-    tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
-    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
-    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
+    _check_tiles(B, BPT, BLOCK_M, BLOCK_N, HEAD_DIM)
     ROWS: tl.constexpr = BPT * B
     h = tl.program_id(0)
     hk = h // GROUP
@@ -279,11 +288,11 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE, DELTA, CS, CE, QT_ORDER,
     dq = tl.full([BLOCK_M, HEAD_DIM], 0.0, dtype=tl.float32)
     dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, lo, hi,
                    offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
-                   B, BLOCK_M, BLOCK_N, HEAD_DIM, True, False, CAUSAL, UPCAST, IEEE)
+                   B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=True, OWN=False, CAUSAL=CAUSAL, UPCAST=UPCAST, IEEE=IEEE)
     own_hi = S + tl.minimum(row0 + ROWS, NB)
     dq = _dq_inner(dq, q, do, lse, delta, k_base, v_base, stride_kn, stride_vn, S + row0, own_hi,
                    offs_m, row_ok, row_lo, row_hi, S, WINDOW, qk_scale,
-                   B, BLOCK_M, BLOCK_N, HEAD_DIM, False, True, CAUSAL, UPCAST, IEEE)
+                   B, BLOCK_M, BLOCK_N, HEAD_DIM, CTX=False, OWN=True, CAUSAL=CAUSAL, UPCAST=UPCAST, IEEE=IEEE)
     dq = dq * sm_scale
     tl.store(DQ + h.to(tl.int64) * stride_dqh + rows * stride_dqm + offs_d[None, :],
              dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
@@ -299,10 +308,7 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LI
     """dK/dV: one program per (kv head, kv tile); loops over the query tiles that see the kv tile
     (host-built list KT_LIST[kt, :KT_COUNT[kt]], ascending) and over the GROUP query heads of the kv head.
     Each dK/dV element is written by exactly one program: no atomics, bitwise deterministic."""
-    tl.static_assert(BPT * B <= BLOCK_M, "a query tile must hold whole draft blocks")
-    tl.static_assert(BLOCK_M >= 16 and BLOCK_M % 16 == 0, "tl.dot needs a multiple of 16 rows")
-    tl.static_assert(BLOCK_N >= 16 and BLOCK_N % 16 == 0, "tl.dot needs a multiple of 16 columns")
-    tl.static_assert((B & (B - 1)) != 0 or BPT * B == BLOCK_M, "power-of-two B: the tile is exactly BPT blocks")
+    _check_tiles(B, BPT, BLOCK_M, BLOCK_N, HEAD_DIM)
     ROWS: tl.constexpr = BPT * B
     hk = tl.program_id(0)
     kt = tl.load(KT_ORDER + tl.program_id(1))  # busiest kv tiles first
@@ -329,8 +335,8 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE, DELTA, CS, CE, KT_ORDER, KT_COUNT, KT_LI
         row_ok = (offs_r < ROWS) & (offs_m < NB)
         row_lo, row_hi = _row_range(CS, CE, offs_m, row_ok, WINDOW, B)
         # transposed orientation: rows of the (BLOCK_N, BLOCK_M) tile are kv columns
-        vis = _visible(offs_m[None, :], offs_n[:, None], row_lo[None, :], row_hi[None, :], S, WINDOW, B, True, True,
-                       CAUSAL)
+        vis = _visible(offs_m[None, :], offs_n[:, None], row_lo[None, :], row_hi[None, :], S, WINDOW, B, CTX=True,
+                       OWN=True, CAUSAL=CAUSAL)
         vis = vis & col_ok[:, None] & row_ok[None, :]
         rows = offs_m.to(tl.int64)[:, None]
         for g in range(0, GROUP):

@@ -30,8 +30,9 @@ import torch
 
 __all__ = ["anchor_block_attention_triton", "TileConfig", "CONFIGS", "SMEM_LIMIT", "pick_config",
            "override_configs", "LAUNCHED", "compile_for_target", "compiled_smem", "ptxas_stats",
-           "tile_ranges", "kv_tile_plan"]
+           "tile_ranges", "kv_tile_plan", "interpret_requested", "LOG2_E"]
 
+LOG2_E = 1.4426950408889634  # log2(e) = 1/ln 2: the kernels' softmax runs in base 2 (exp2), scores scaled by this
 NO_WINDOW = 1 << 30  # WINDOW passed for full layers: larger than any distance, no overflow in int32 bounds
 SMEM_LIMIT = 101_376  # bytes of shared memory per block on SM120 (RTX PRO 6000 / RTX 5090); H100/H200 allow 232,448
 
@@ -115,13 +116,14 @@ _VARIANTS: dict = {}
 _SRC = Path(__file__).with_name("_anchor_attn_src.py")
 
 
-def _env_interpret():
+def interpret_requested():
+    "Whether the environment asks for Triton's interpreter (TRITON_INTERPRET=1, true, on or yes): the one reader."
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
 def _use_interpreter(x):
     "Interpreter for CPU tensors, or everywhere when TRITON_INTERPRET is set in the environment."
-    return x.device.type != "cuda" or _env_interpret()
+    return x.device.type != "cuda" or interpret_requested()
 
 
 @contextmanager
@@ -273,7 +275,7 @@ def _forward(q, k, v, cs, ce, B, causal, scale, window):
     k_ = kern._fwd[grid](
         q, k, v, o, lse, cs, ce, order,
         q.stride(1), q.stride(2), k.stride(1), k.stride(2), v.stride(1), v.stride(2), o.stride(1), o.stride(2),
-        S, NB, window, H // HKV, scale * 1.4426950408889634,
+        S, NB, window, H // HKV, scale * LOG2_E,
         B=B, BPT=bpt, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, HEAD_DIM=D, CAUSAL=bool(causal),
         UPCAST=interpret, IEEE=q.dtype == torch.float32, **_launch_opts(cfg, interpret))
     if not interpret:
@@ -296,7 +298,7 @@ def _backward(do, q, k, v, o, lse, cs, ce, B, causal, scale, window):
     kern._bwd_preprocess[(H, _cdiv(NB, pre_m))](
         o, do, delta, o.stride(1), o.stride(2), do.stride(1), do.stride(2), NB, BLOCK_M=pre_m, HEAD_DIM=D)
     common = dict(CAUSAL=bool(causal), UPCAST=interpret, IEEE=q.dtype == torch.float32, HEAD_DIM=D, B=B)
-    qk_scale = scale * 1.4426950408889634
+    qk_scale = scale * LOG2_E
 
     cfg, bpt = pick_config("dq", D, q.dtype, B)
     order = _q_tile_order(cs, ce, S, N, B, bpt)

@@ -27,13 +27,12 @@ def make_data(out_dir, n=24, seed=0, tokenizer_dir=None):
 
 
 def train_dict(run_dir, data_dir, **kw):
-    "A TrainConfig as a plain dict: TINY, then `kw` (nested dicts merged one level deep)."
-    d = json.loads(json.dumps(TINY))
-    d.update(run_dir=str(run_dir), data_dir=str(data_dir))
-    for k, v in kw.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict): d[k] = {**d[k], **v}
-        else: d[k] = v
-    return d
+    "A TrainConfig as a plain dict: TINY, then `kw` through `apply_overrides` (a dict for a section of TINY sets its keys)."
+    from dflash_nb.config import apply_overrides
+    dotted = {f"{k}.{k2}": v2 for k, v in kw.items() if isinstance(v, dict) and isinstance(TINY.get(k), dict)
+              for k2, v2 in v.items()}
+    dotted.update({k: v for k, v in kw.items() if not (isinstance(v, dict) and isinstance(TINY.get(k), dict))})
+    return apply_overrides(TINY, {"run_dir": str(run_dir), "data_dir": str(data_dir), **dotted})
 
 
 def train_cfg(run_dir, data_dir, **kw):

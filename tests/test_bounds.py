@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest, torch
 from _trainer_common import TINY, make_data, train_cfg, train_dict, write_run_config, env, REPO
 from dflash_nb import data as data_mod, evaluate as ev, export as ex, train as train_mod
-from dflash_nb.config import ConfigError, run_cli
+from dflash_nb.config import ConfigError, apply_overrides, run_cli
 from dflash_nb.trainer import train, last_finite_checkpoint, NonFiniteError
 
 FLOW_BOMB = "[&a0 [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
@@ -42,7 +42,7 @@ def test_train_config_failures_are_one_line(tmp_path, capsys, text, overrides, w
     cfg = tmp_path / "run.yaml"
     cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
     assert train_mod.main(["--config", str(cfg), *overrides]) == 2
-    line = _one_line(capsys, "dflash_nb.train")
+    line = _one_line(capsys, "python -m dflash_nb.train")
     assert words in line and (overrides or str(cfg) in line), line
 
 
@@ -50,7 +50,7 @@ def test_data_chat_template_kwargs_too_deep(tmp_path, capsys):
     argv = ["--input", str(tmp_path / "x.jsonl"), "--tokenizer", "t", "--out", str(tmp_path / "o"),
             "--chat-template-kwargs", "[" * 50_000 + "]" * 50_000]
     assert data_mod.main(argv) == 2
-    assert _one_line(capsys, "dflash_nb.data") == "--chat-template-kwargs: nested deeper than 64 levels"
+    assert _one_line(capsys, "python -m dflash_nb.data") == "--chat-template-kwargs: nested deeper than 64 levels"
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_evaluate_failures_are_one_line(exported, monkeypatch, capsys, name, edi
                                       str(exported / "p.jsonl"), "--max-new-tokens", "2", *extra])
     with pytest.raises(SystemExit) as e: ev.cli()
     assert e.value.code == 2
-    assert words in _one_line(capsys, "dflash_nb.evaluate")
+    assert words in _one_line(capsys, "python -m dflash_nb.evaluate")
 
 
 def test_export_failure_is_one_line(exported, tmp_path, capsys):
@@ -109,7 +109,7 @@ def test_export_failure_is_one_line(exported, tmp_path, capsys):
     (ck / "drafter_config.json").write_text("[" * 50_000)
     shutil.copy(exported / "good" / "model.safetensors", ck / "drafter.safetensors")
     assert run_cli(ex.main, ["--checkpoint", str(ck), "--out", str(tmp_path / "out")], "dflash_nb.export") == 2
-    assert "drafter_config.json: nested deeper than 64 levels" in _one_line(capsys, "dflash_nb.export")
+    assert "drafter_config.json: nested deeper than 64 levels" in _one_line(capsys, "python -m dflash_nb.export")
 
 
 def _torch_save_full():
@@ -148,8 +148,8 @@ def test_console_scripts_name_themselves(tmp_path):
 
 
 @pytest.mark.parametrize("kw,words", [
-    ({"drafter": {**TINY["drafter"], "num_hidden_layers": 10 ** 9}}, "drafter.num_hidden_layers=1000000000"),
-    ({"drafter": {**TINY["drafter"], "intermediate_size": 10 ** 10}}, "intermediate_size=10000000000"),
+    ({"drafter": {"num_hidden_layers": 10 ** 9}}, "drafter.num_hidden_layers=1000000000"),
+    ({"drafter": {"intermediate_size": 10 ** 10}}, "intermediate_size=10000000000"),
     ({"max_anchors": 10 ** 12}, "max_anchors=1000000000000"),
 ])
 def test_sizes_that_cannot_fit_are_refused(tmp_path, data_dir, kw, words):
@@ -160,9 +160,9 @@ def test_sizes_that_cannot_fit_are_refused(tmp_path, data_dir, kw, words):
 
 def test_token_ids_past_the_vocabulary_name_the_shard(tmp_path, data_dir):
     "Data tokenized for a bigger vocabulary than the target's embedding: refused at load, naming the shard."
-    target = {"tiny": {**TINY["target"]["tiny"], "vocab_size": 1000, "pad_token_id": 0, "eos_token_id": 1}}
+    tiny = apply_overrides(TINY["target"]["tiny"], {"vocab_size": 1000, "pad_token_id": 0, "eos_token_id": 1})
     with pytest.raises(ConfigError, match=r"shard .*shard-00000\.arrow: token id \d+ is outside the target's vocab"):
-        train(train_cfg(tmp_path / "run", data_dir, target=target, drafter={**TINY["drafter"], "mask_token_id": 999}))
+        train(train_cfg(tmp_path / "run", data_dir, target={"tiny": tiny}, drafter={"mask_token_id": 999}))
 
 
 def test_nonfinite_stop_names_a_finite_checkpoint(tmp_path, data_dir):

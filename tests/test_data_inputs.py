@@ -58,7 +58,7 @@ def test_preserve_thinking_renders_earlier_reasoning_and_changes_the_fingerprint
     assert p1 == tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True, preserve_thinking=True)
     r = subprocess.run([sys.executable, "-m", "dflash_nb.data", "--input", "x", "--tokenizer", str(q36), "--out", str(tmp_path / "o"),
                         "--chat-template-kwargs", "[1]"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == "dflash_nb.data: error: --chat-template-kwargs: expected a JSON object, got [1]"
+    assert r.returncode == 2 and r.stderr.strip() == "python -m dflash_nb.data: error: --chat-template-kwargs: expected a JSON object, got [1]"
 
 
 def test_thinking_off_strips_reasoning_counted_and_fails_when_most_lose_it(tmp_path):
@@ -180,7 +180,7 @@ def test_out_dir_is_never_destroyed(tmp_path):
     r = _cli("--input", tmp_path / "in.jsonl", "--tokenizer", tmp_path / "typo", "--out", out)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and f"tokenizer {tmp_path / 'typo'}: no such directory" in r.stderr
     r = _cli("--input", tmp_path / "missing.jsonl", "--tokenizer", qwen3_tokenizer_dir(), "--out", out)
-    assert r.returncode == 2 and r.stderr.strip() == f"dflash_nb.data: error: input {tmp_path / 'missing.jsonl'} does not exist"
+    assert r.returncode == 2 and r.stderr.strip() == f"python -m dflash_nb.data: error: input {tmp_path / 'missing.jsonl'} does not exist"
     r = _cli("--input", tmp_path / "in.jsonl", "--tokenizer", qwen3_tokenizer_dir(), "--out", out, "max_seq_len=512", "--workers", "1")
     assert r.returncode == 2 and f"--out {out} holds another data set" in r.stderr and "--replace" in r.stderr, r.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -110,4 +110,4 @@ def test_s3_errors_are_one_line_naming_the_input(dataset, tmp_path):
     r = subprocess.run([sys.executable, "-m", "dflash_nb.data", "--input", "s3://no-such-bucket/data/", "--tokenizer", str(qwen3_tokenizer_dir()),
                         "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT, timeout=300, env=os.environ.copy())
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert r.stderr.startswith("dflash_nb.data: error: input s3://no-such-bucket/data/: S3 error:") and not (tmp_path / "out").exists()
+    assert r.stderr.startswith("python -m dflash_nb.data: error: input s3://no-such-bucket/data/: S3 error:") and not (tmp_path / "out").exists()

@@ -411,7 +411,7 @@ def test_cli_prompts(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"oops": 1}\n')
     r = subprocess.run(base + ["--prompts", str(bad)], capture_output=True, text=True, env=env, timeout=120)
-    want = f"dflash_nb.evaluate: error: {bad}:2: no prompt or messages field"
+    want = f"python -m dflash_nb.evaluate: error: {bad}:2: no prompt or messages field"
     assert r.returncode == 2 and r.stderr.strip() == want, r.stderr
 
 
@@ -801,4 +801,4 @@ def test_cli_benchmark_files(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e: cli()   # the console entry: run_cli prints one line, exit 2
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "\n" not in err
-    assert err.startswith(f"dflash_nb.evaluate: error: {bad}:1: messages[0].role 'narrator'")
+    assert err.startswith(f"python -m dflash_nb.evaluate: error: {bad}:1: messages[0].role 'narrator'")

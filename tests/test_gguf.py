@@ -88,7 +88,7 @@ def test_cli_missing_file_is_one_line(tmp_path, capsys):
     argv = ["--gguf", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "out")]
     assert run_cli(main, argv, prog="dflash_nb.gguf") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"dflash_nb.gguf: error: {tmp_path / 'none.gguf'}: no such GGUF file"]
+    assert err == [f"python -m dflash_nb.gguf: error: {tmp_path / 'none.gguf'}: no such GGUF file"]
     assert not (tmp_path / "out").exists()
 
 

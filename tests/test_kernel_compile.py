@@ -53,3 +53,12 @@ def test_backward_preprocess_compiles(d):
         compiled = compile_for_target("pre", d, torch.bfloat16, cap)
         assert compiled.metadata.shared <= SMEM_LIMIT
         assert ptxas_stats(compiled, cap)["spill_bytes"] == 0
+
+
+@pytest.mark.parametrize("kind", ["fwd", "dq", "dkdv"])
+def test_launch_shape_checked_at_compile_time(kind):
+    "Each kernel runs the one shared set of compile-time checks: 8 kv columns per tile is refused before any codegen."
+    from triton.compiler.errors import CompilationError
+    with pytest.raises(CompilationError) as e:
+        compile_for_target(kind, 64, torch.bfloat16, 90, cfg=TileConfig(32, 8, 4, 1))
+    assert "tl.dot needs a multiple of 16 columns" in repr(e.value) + repr(e.value.__cause__)

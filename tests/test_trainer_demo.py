@@ -36,8 +36,8 @@ def test_demo_regeneration_is_the_targets_greedy_tokens(tmp_path):
     """The demo's regenerated data, after the data pipeline, is token for token prompt + the target's own batch-1 greedy
     tokens (+ the end-of-turn token): no `<think>` block the target never generated, no text that re-tokenizes
     differently, no batching effect. Uses the demo's own target and data settings."""
-    from dflash_nb.config import load_config
-    from dflash_nb.data import load_tokenizer, qwen3_tokenizer_dir, tokenize_dataset, read_shards, ChatRenderer
+    from dflash_nb.config import apply_overrides, from_dict, load_config, to_dict
+    from dflash_nb.data import DataConfig, load_tokenizer, qwen3_tokenizer_dir, tokenize_dataset, read_shards, ChatRenderer
     from dflash_nb.evaluate import greedy_generate
     from dflash_nb.target import tiny_target
     from dflash_nb.train import RunConfig, demo_config_path, demo_data_dir, read_prompts, regenerate
@@ -50,7 +50,7 @@ def test_demo_regeneration_is_the_targets_greedy_tokens(tmp_path):
     r1 = regenerate(tgt, tok, prompts, tmp_path / "b.jsonl", max_new_tokens=48, batch_size=1, data_cfg=cfg.data)
     assert r["path"].read_text() == r1["path"].read_text()          # batch size does not change the data
     assert r["kept"] >= 0.7 * r["generated"], r                      # cuts are rare for the demo target
-    data_cfg = cfg.data.__class__(**{**cfg.data.__dict__, "min_loss_tokens": 1})
+    data_cfg = from_dict(DataConfig, apply_overrides(to_dict(cfg.data), ["min_loss_tokens=1"]))
     tokenize_dataset([str(r["path"])], qwen3_tokenizer_dir(), tmp_path / "data", data_cfg, verbose=False)
     rows = list(read_shards(tmp_path / "data"))
     assert len(rows) == len(prompts)

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest, yaml
 import pyarrow as pa, pyarrow.parquet as pq
 from _trainer_common import env, REPO
+from dflash_nb.config import apply_overrides
 
 BIN = Path(sys.executable).parent
 
@@ -22,7 +23,7 @@ def _config(tmp_path: Path) -> Path:
     "The demo config made tiny: few steps, short answers, no bundled prompts (the file comes on the command line)."
     from dflash_nb.train import demo_config_path
     cfg = yaml.safe_load(demo_config_path().read_text())
-    cfg["train"].update(steps=3, log_every=1, checkpoint={"every": 3, "keep": 1})
+    cfg = apply_overrides(cfg, {"train.steps": 3, "train.log_every": 1, "train.checkpoint": {"every": 3, "keep": 1}})
     cfg["regenerate"] = {"prompts": None, "max_new_tokens": 24, "batch_size": 16, "heldout": 3}
     cfg["evaluate"] = {"num_samples": 3}
     path = tmp_path / "my-target.yaml"

@@ -9,7 +9,7 @@ from transformers import Qwen3Config
 import dflash.model as dflash_model
 
 from _trainer_common import TINY, make_data, run_module, train_dict, write_run_config
-from dflash_nb.config import ConfigError, from_dict
+from dflash_nb.config import ConfigError, apply_overrides, from_dict
 from dflash_nb.trainer import TrainConfig, train
 
 T = TINY["target"]["tiny"]
@@ -41,8 +41,8 @@ def data(tmp_path_factory):
 
 def _cfg(tmp_path, data, **kw):
     d = train_dict(tmp_path / "run", data, steps=1, **kw)
-    if "drafter" in kw: d["drafter"] = kw["drafter"]       # replace, not merge: {} means "take the directory's"
-    return from_dict(TrainConfig, d)
+    # the drafter section replaced, not merged: {} means "take the directory's"
+    return from_dict(TrainConfig, apply_overrides(d, {"drafter": kw["drafter"]} if "drafter" in kw else {}))
 
 
 def test_init_from_dflash_package_drafter(tmp_path, data, published):
@@ -61,9 +61,9 @@ def test_init_from_dflash_package_drafter(tmp_path, data, published):
     events = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(e.get("event") == "warm_start" and e["tensors"] == len(theirs) for e in events)
     # and a run without init_from starts elsewhere (the comparison above is not vacuous)
-    fresh = train(_cfg(tmp_path / "fresh", data, drafter={**TINY["drafter"], "num_hidden_layers": 2,
-                                                          "layer_types": ["sliding", "full"], "sliding_window": 7,
-                                                          "intermediate_size": 96, "target_layer_ids": [1, 2]},
+    drafter = apply_overrides(TINY["drafter"], {"num_hidden_layers": 2, "layer_types": ["sliding", "full"],
+                                                "sliding_window": 7, "intermediate_size": 96, "target_layer_ids": [1, 2]})
+    fresh = train(_cfg(tmp_path / "fresh", data, drafter=drafter,
                        optim={"lr": 1e-9}))["drafter"].trainable_state_dict()
     assert not torch.allclose(fresh["fc.weight"].cpu(), theirs["fc.weight"], atol=1e-3)
 

@@ -1,0 +1,105 @@
+"""Every command line fails the same way: one line `PROG: error: ...` on stderr, exit 2, the program named as started.
+
+In-process calls of each console entry (`cli()`), so every error path of every command costs milliseconds; the real
+console scripts and `python -m` runs are in test_config.py."""
+import importlib, json, sys
+
+import pytest
+
+BAD_YAML = "train: {steps: [1\n"   # an unclosed flow sequence: a YAML syntax error on line 2
+
+
+@pytest.fixture
+def files(tmp_path):
+    "A malformed YAML file, a trainer checkpoint whose recorded drafter config is malformed YAML, a file that is not GGUF."
+    (tmp_path / "bad.yaml").write_text(BAD_YAML)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text(json.dumps({"step": 1}))
+    (ckpt / "drafter_config.yaml").write_text(BAD_YAML)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(BAD_YAML)
+    (tmp_path / "not.gguf").write_bytes(b"GGUX" + bytes(60))
+    return tmp_path
+
+
+# console script -> its module; every case below runs through the module's `cli()`
+SCRIPTS = {"dflash-data": "data", "dflash-train": "train", "dflash-eval": "evaluate", "dflash-export": "export",
+           "dflash-report": "report", "dflash-gguf": "gguf"}
+
+DATA = ["--input", "{d}/in.jsonl", "--tokenizer", "{d}/tok", "--out", "{d}/out"]
+EVAL = ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/p.jsonl"]
+EXPORT = ["--checkpoint", "{d}/ckpt", "--out", "{d}/out"]
+# (module, what goes wrong, arguments ({d}: the fixture's directory), text the one error line holds)
+CASES = [
+    ("data", "bad flag", DATA + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("data", "missing file", DATA, "tokenizer {d}/tok: no such directory"),
+    ("data", "malformed YAML", DATA + ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
+    ("data", "bad override", DATA + ["workers=many"], "workers: expected int, got 'many'"),
+    ("data", "bare --config", DATA + ["--config"], "argument --config: expected one argument"),
+    ("train", "bad flag", ["--bogus"], "override '--bogus' is not of the form key=value"),
+    ("train", "missing file", ["--config", "{d}/none.yaml"], "config file {d}/none.yaml does not exist"),
+    ("train", "malformed YAML", ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
+    ("train", "bad override", ["train.steps=many"], "train.steps: expected int, got 'many'"),
+    ("train", "bare --config", ["--config"], "--config needs a file"),
+    ("evaluate", "bad flag", EVAL + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("evaluate", "missing file", EVAL, "{d}/p.jsonl"),
+    ("evaluate", "malformed YAML", ["--drafter", "{d}/drafter", "--target", "{d}/bad.yaml", "--data", "{d}/data"],
+     "{d}/bad.yaml: not valid YAML: "),
+    ("evaluate", "bad override", EVAL + ["--num-samples", "-1"], "--num-samples: must be >= 0, got -1"),
+    ("evaluate", "stray key=value", ["steps=2"] + EVAL, "unrecognized arguments: steps=2"),
+    ("export", "bad flag", EXPORT + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("export", "missing file", ["--checkpoint", "{d}/none", "--out", "{d}/out"], "no checkpoint at {d}/none"),
+    ("export", "malformed YAML", EXPORT, "{d}/ckpt/drafter_config.yaml: not valid YAML: "),
+    ("export", "bad override", EXPORT + ["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ("report", "bad flag", ["{d}/run", "--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("report", "missing file", ["{d}/none"], "nothing to report: no metrics.jsonl, summary.json or report.json in {d}/none"),
+    ("report", "malformed YAML", ["{d}/run"], "nothing to report"),
+    ("report", "bad override", ["{d}/run", "--dpi", "50"], "--dpi 50: at least 110"),
+    ("gguf", "bad flag", ["--out", "{d}/out", "--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("gguf", "missing file", ["--gguf", "{d}/none.gguf", "--out", "{d}/out"], "{d}/none.gguf: no such GGUF file"),
+    ("gguf", "not a GGUF file", ["--gguf", "{d}/not.gguf", "--out", "{d}/out"], "not a GGUF file"),
+    ("gguf", "bad override", ["--gguf", "{d}/not.gguf", "--out", "{d}/out", "--dtype", "int8"],
+     "argument --dtype: invalid choice: 'int8'"),
+]
+
+
+def _run_cli(monkeypatch, capsys, argv0: str, module: str, argv: list) -> tuple[int, list, str]:
+    "Exit code, stderr lines and stdout of `dflash_nb.<module>.cli()` started as `argv0 argv...`."
+    monkeypatch.setattr(sys, "argv", [argv0, *argv])
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"dflash_nb.{module}").cli()
+    out, err = capsys.readouterr()
+    return e.value.code, err.strip().splitlines(), out
+
+
+@pytest.mark.parametrize("module,what,argv,text", CASES, ids=[f"{m}-{w}" for m, w, _, _ in CASES])
+def test_error_is_one_line_exit_2(files, monkeypatch, capsys, module, what, argv, text):
+    "Each error path of each command: exit 2, one line naming `python -m dflash_nb.X` and what to fix, nothing written."
+    d = str(files)
+    before = sorted(p.relative_to(files) for p in files.rglob("*"))
+    code, err, _ = _run_cli(monkeypatch, capsys, "pytest", module, [a.format(d=d) for a in argv])
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"python -m dflash_nb.{module}: error: "), err
+    assert text.format(d=d) in err[0], err
+    assert sorted(p.relative_to(files) for p in files.rglob("*")) == before   # refused before anything was written
+
+
+def test_report_names_the_malformed_config(files, monkeypatch, capsys):
+    "A run whose config.yaml is not YAML: the report says so on its own line before the error (it loses nothing)."
+    code, err, out = _run_cli(monkeypatch, capsys, "pytest", "report", [str(files / "run")])
+    assert code == 2 and out.startswith(f"{files / 'run'}: ") and "; config.yaml is not YAML (" in out, out
+    assert len(out.splitlines()) == 1 and len(err) == 1, (out, err)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_console_script_names_itself_and_debug_shows_the_stack(files, monkeypatch, capsys, script):
+    "Started as `dflash-X`, the error line says `dflash-X`; with `--debug` the traceback comes first, then that line."
+    module = SCRIPTS[script]
+    argv = {"train": ["--config", "{d}/none.yaml"], "report": ["{d}/none"]}.get(module, ["--bogus"])
+    argv = [a.format(d=files) for a in argv]
+    code, err, _ = _run_cli(monkeypatch, capsys, f"/venv/bin/{script}", module, argv)
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"{script}: error: "), err
+    code, err, _ = _run_cli(monkeypatch, capsys, f"/venv/bin/{script}", module, argv + ["--debug"])
+    assert code == 2 and err[0] == "Traceback (most recent call last):" and err[-1].startswith(f"{script}: error: ")
