@@ -309,26 +309,53 @@ def export_checkpoint(
 def main(argv=None):
     "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
     from dflash_nb.config import CliParser
-    ap = CliParser(prog="python -m dflash_nb.export", description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).")
-    ap.add_argument("--checkpoint", required=True, help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)")
-    ap.add_argument("--out", required=True, help="serving directory to write: new or empty, or a previous export with --overwrite")
-    ap.add_argument("--overwrite", action="store_true", help="replace a previous drafter export in --out (other directories are never touched)")
-    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weight dtype (default: as trained)")
-    ap.add_argument("--with-modeling-code", action="store_true",
-                    help="also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
-                         "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)")
+
+    ap = CliParser(
+        prog="dflash_nb.export",
+        description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).",
+    )
+    ap.add_argument(
+        "--checkpoint", required=True, help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)"
+    )
+    ap.add_argument(
+        "--out", required=True, help="serving directory to write: new or empty, or a previous export with --overwrite"
+    )
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a previous drafter export in --out (other directories are never touched)",
+    )
+    ap.add_argument(
+        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weight dtype (default: as trained)"
+    )
+    ap.add_argument(
+        "--with-modeling-code",
+        action="store_true",
+        help="also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
+        "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)",
+    )
     a = ap.parse_args(argv)
-    try: out = export_checkpoint(a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite,
-                               with_modeling_code=a.with_modeling_code)
-    except (FileExistsError, FileNotFoundError, ValueError) as e:   # run_cli prints it: one line, exit 2
+    try:
+        out = export_checkpoint(
+            a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite, with_modeling_code=a.with_modeling_code
+        )
+    except (FileExistsError, FileNotFoundError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ExpectedError(str(e)) from e
     cfg = json.loads((out / "config.json").read_text())
-    print(f"exported {a.checkpoint} -> {out} ({cfg['num_hidden_layers']} layers, block_size {cfg['block_size']}, "
-          f"target layers {cfg['dflash_config']['target_layer_ids']}, mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})")
+    print(
+        f"exported {a.checkpoint} -> {out} ({cfg['num_hidden_layers']} layers, block_size {cfg['block_size']}, "
+        f"target layers {cfg['dflash_config']['target_layer_ids']}, "
+        f"mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})"
+    )
     return out
 
-def cli():
-    "Console script `dflash-export` (same as `python -m dflash_nb.export`): expected failures are one line and exit 2; the exported path is not the exit status."
-    from dflash_nb.config import run_cli; sys.exit(run_cli(main, prog="dflash_nb.export"))
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()
+def cli():
+    "Console script `dflash-export` (`python -m dflash_nb.export`): `main` through `run_cli`; its path is no exit code."
+    from dflash_nb.config import run_cli
+
+    sys.exit(run_cli(main, prog="dflash_nb.export"))
+
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
+    cli()

@@ -186,20 +186,26 @@ def plot_runs(
 class ReportError(ExpectedError):
     "Nothing to report: none of the named run directories holds anything readable."
 
+
 def main(argv=None) -> dict:
     "`dflash-report RUN [RUN ...] [--out compare.png] [--json FILE]`: the runs side by side, a table and one picture."
-    ap = CliParser(prog="dflash-report", description="Compare training runs: reads each run directory's metrics.jsonl, "
-                   "summary.json, report.json and config.yaml, prints one table line per run and draws one PNG.")
+    ap = CliParser(
+        prog="dflash_nb.report",
+        description="Compare training runs: reads each run directory's metrics.jsonl, "
+        "summary.json, report.json and config.yaml, prints one table line per run and draws one PNG.",
+    )
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run directories (train.run_dir)")
     ap.add_argument("--out", default="compare.png", help="the picture to write (PNG; default compare.png)")
     ap.add_argument("--dpi", type=int, default=120, help="picture resolution (at least 110)")
     ap.add_argument("--json", default=None, help="also write the table's numbers to this JSON file")
     a = ap.parse_args(argv)
-    if a.dpi < 110: raise ConfigError(f"--dpi {a.dpi}: at least 110, or the labels are not legible")
+    if a.dpi < 110:
+        raise ConfigError(f"--dpi {a.dpi}: at least 110, or the labels are not legible")
     names = [Path(r).name or str(r) for r in a.runs]
     records = [read_run(r, n if names.count(n) == 1 else str(r)) for r, n in zip(a.runs, names)]
-    for r in records:   # one line per run with something missing: the rest of its numbers are still reported
-        if r.problems: print(f"{r.path}: " + "; ".join(r.problems))
+    for r in records:  # one line per run with something missing: the rest of its numbers are still reported
+        if r.problems:
+            print(f"{r.path}: " + "; ".join(r.problems))
     usable = [r for r in records if r.steps or r.summary or r.report]
     if not usable:
         raise ReportError(f"nothing to report: no metrics.jsonl, summary.json or report.json in {', '.join(a.runs)}")
@@ -207,11 +213,15 @@ def main(argv=None) -> dict:
     print(format_report_table(rows))
     out = plot_runs(usable, a.out, a.dpi)
     print(f"picture: {out}")
-    if a.json: Path(a.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
     return {"rows": rows, "picture": str(out), "problems": {str(r.path): r.problems for r in records}}
+
 
 def cli():
     "Console script `dflash-report` (same as `python -m dflash_nb.report`): expected failures are one line and exit 2."
-    sys.exit(run_cli(main, prog="dflash-report"))
+    sys.exit(run_cli(main, prog="dflash_nb.report"))
 
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
+    cli()

@@ -357,11 +357,13 @@ def _where(r: dict) -> str:
     return "\n".join(l for l in lines if l)
 
 def main(argv=None) -> int:
-    "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo. Expected failures: one line, exit 2."
-    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError,))   # shapes that do not fit the target, an unknown arch, ...
+    "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
+    # ValueError: shapes that do not fit the target, an unknown architecture, ...
+    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError,))
 
 def _main(argv: list) -> int:
-    with contextlib.suppress(Exception): sys.stdout.reconfigure(line_buffering=True)  # progress reaches log files as it happens
+    with contextlib.suppress(Exception):  # progress reaches log files as it happens
+        sys.stdout.reconfigure(line_buffering=True)
     demo = not any(a == "--config" or a.startswith("--config=") for a in argv)
     if demo and not any(a in ("-h", "--help") for a in argv):
         argv = ["--config", str(demo_config_path())] + argv
@@ -377,14 +379,17 @@ def _main(argv: list) -> int:
                 reuse = [first] + [first.with_name(f"{first.name}-{n}") for n in range(2, last)]
                 cfg.train.run_dir = str(new)
         report = run(cfg, reuse_from=reuse)
-    except NonFiniteError as e:
-        print(f"dflash_nb.train: error: {e}", file=sys.stderr); return 3
+    except NonFiniteError as e:   # one line like run_cli's, and its own exit code: the run diverged, the input was fine
+        from dflash_nb.config import error_line, invoked_as
+        print(f"{invoked_as('dflash_nb.train')}: error: {error_line(e)}", file=sys.stderr)
+        return 3
     finally:
-        if dist.is_available() and dist.is_initialized(): dist.destroy_process_group()
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
 
 def cli():
-    "Console script `dflash-train` (same as `python -m dflash_nb.train`); `main` already runs through `run_cli`, and its int is the exit status."
+    "Console script `dflash-train` (`python -m dflash_nb.train`); `main` returns `run_cli`'s exit code."
     sys.exit(main())
 
 # %% ../nbs/11_train.ipynb #b79eba8d
