@@ -114,7 +114,7 @@ def main():
     work = Path(a.work or tempfile.mkdtemp(prefix="cpu_dtype-"))
     work.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
-    from dflash_nb.trainer import cpu_bf16
+    from dflash_nb.build import cpu_bf16
     t0 = time.time()
     with ThreadPoolExecutor(a.jobs) as pool:
         runs = list(pool.map(lambda v: demo(v, work, a.threads), a.variants))

@@ -545,8 +545,8 @@ def step_pipeline(a, rec):
     from dflash_nb.loss import block_loss
     from dflash_nb.model import DrafterConfig
     from dflash_nb.target import TargetFeatures
-    from dflash_nb.trainer import (FeatureProducer, RowStream, TrainConfig, _autocast, build_drafter,
-                                   drafter_lm_head_weight, make_batch, pick_backend)
+    from dflash_nb.build import build_drafter, drafter_autocast, drafter_lm_head_weight, pick_backend
+    from dflash_nb.trainer import FeatureProducer, RowStream, TrainConfig, make_batch
     dev = device_for(a.dry_run)
     p, dims = PIPE[a.dry_run], TARGET_DIMS[a.dry_run]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -691,7 +691,7 @@ def step_pipeline(a, rec):
 
     def drafter_step(b, f):
         layout = AnchorBlockLayout(b.anchors, b.keep, b.doc_ids, p["B"])
-        with _autocast(cfg, dev):
+        with drafter_autocast(cfg, dev):
             h = drafter(f, b.position_ids, b.block_ids, b.block_pos, layout=layout, backend=backend)
             loss = block_loss(h, head, b.labels, b.valid, chunk_blocks=cfg.loss_chunk_blocks).loss
         loss.backward()

@@ -102,26 +102,10 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="default bench/results/pipeline.json (GPU) or pipeline-cpu.json (CPU)")
     a = ap.parse_args(argv)
     from dflash_nb.config import from_dict
-    from dflash_nb.data import (
-        synthetic_records,
-        write_jsonl,
-        tokenize_dataset,
-        qwen3_tokenizer_dir,
-        load_tokenizer,
-        DataConfig,
-    )
-    from dflash_nb.trainer import (
-        TrainConfig,
-        train,
-        RowStream,
-        make_batch,
-        drafter_config,
-        build_drafter,
-        drafter_lm_head_weight,
-        pick_backend,
-        load_samples,
-        _autocast,
-    )
+    from dflash_nb.data import (synthetic_records, write_jsonl, tokenize_dataset, qwen3_tokenizer_dir, load_tokenizer,
+                                DataConfig)
+    from dflash_nb.build import drafter_config, build_drafter, drafter_lm_head_weight, pick_backend, drafter_autocast
+    from dflash_nb.trainer import TrainConfig, train, RowStream, make_batch, load_samples
     from dflash_nb.target import TargetFeatures, tiny_target
     from dflash_nb.attention import AnchorBlockLayout
     from dflash_nb.loss import block_loss
@@ -224,7 +208,7 @@ def main(argv=None):
     dev_rows = [{k: v.to(ddev) for k, v in r.tensors().items()} for r in rows]
     def drafter_step(r, f):
         layout = AnchorBlockLayout(r["anchors"], r["keep"], r["doc_ids"], B)
-        with _autocast(cfg, ddev):
+        with drafter_autocast(cfg, ddev):
             h = drafter(f, r["position_ids"], r["block_ids"], r["block_pos"], layout=layout, backend=backend)
             loss = block_loss(h, head, r["labels"], r["valid"], chunk_blocks=cfg.loss_chunk_blocks).loss
         loss.backward()

@@ -9,75 +9,13 @@ from pathlib import Path
 import torch
 from torch import nn
 from .storage import atomic_dir
+from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
+
 
 # %% auto #0
-__all__ = ['SERVING_ARCH', 'serving_config', 'drafter_config_from_serving', 'CorruptWeightsError', 'read_safetensors',
-           'write_modeling_code', 'serving_state_dict', 'check_export_dir', 'export_drafter', 'read_exported_config',
-           'load_exported_drafter', 'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'main',
-           'cli']
-
-# %% ../nbs/10_export.ipynb #db27099c
-SERVING_ARCH = "DFlashDraftModel"
-_LAYER_KIND = {"full": "full_attention", "sliding": "sliding_attention"}
-_KIND_OF = {v: k for k, v in _LAYER_KIND.items()}
-
-def serving_config(
-    cfg,                    # DrafterConfig (resolved: every dimension set)
-    dtype: str | None = None,  # the weights' dtype name written as `dtype` (e.g. "bfloat16")
-) -> dict:
-    "The serving `config.json` of a drafter: a Qwen3 config plus DFlash's block size, mask token and target layer ids."
-    from dflash_nb.config import to_dict
-    kinds = [_LAYER_KIND[k] for k in cfg.layer_types]
-    sliding = any(k == "sliding_attention" for k in kinds)
-    rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": float(cfg.rope_theta)}
-    d = {
-        "architectures": [SERVING_ARCH],
-        "model_type": "qwen3",
-        "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
-        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim, "num_hidden_layers": cfg.num_hidden_layers, "layer_types": kinds,
-        "sliding_window": cfg.sliding_window if sliding else None, "use_sliding_window": sliding,
-        "max_window_layers": cfg.num_hidden_layers,
-        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
-        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": float(cfg.rope_theta), "rope_scaling": cfg.rope_scaling,
-        "rope_parameters": rope,
-        "vocab_size": cfg.vocab_size, "tie_word_embeddings": False, "use_cache": False,
-        "block_size": cfg.block_size, "num_target_layers": cfg.num_target_layers,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(cfg.target_layer_ids),
-                          "block_size": cfg.block_size},
-        "dflash_nb_drafter_config": to_dict(cfg),  # the exact training-side config, for a lossless round trip
-    }
-    if getattr(cfg, "max_position_embeddings", None): d["max_position_embeddings"] = cfg.max_position_embeddings
-    if dtype is not None: d["dtype"] = dtype
-    return d
-
-# %% ../nbs/10_export.ipynb #8e733859
-def drafter_config_from_serving(
-    d: dict,  # a serving config.json as a dict (ours, or z-lab's)
-):
-    "The `DrafterConfig` of a serving config: the exact one we recorded, else rebuilt from the Qwen3/DFlash fields."
-    from dflash_nb.config import from_dict
-    from dflash_nb.model import DrafterConfig
-    if "dflash_nb_drafter_config" in d: return from_dict(DrafterConfig, d["dflash_nb_drafter_config"]).validate()
-    dc = d.get("dflash_config", {})
-    rp = dict(d.get("rope_parameters") or {})
-    theta = float(rp.pop("rope_theta", d.get("rope_theta", 10000.0)))
-    scaling = {k: v for k, v in rp.items() if v is not None} or (d.get("rope_scaling") or None)
-    if scaling and scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}: scaling = None
-    types = [_KIND_OF[t] for t in d.get("layer_types") or ["full_attention"] * d["num_hidden_layers"]]
-    if "sliding" in types and not d.get("sliding_window"):
-        raise ValueError("it has sliding_attention layers but no sliding_window (null, e.g. use_sliding_window false): "
-                         "serving stacks would run those layers without a window; set sliding_window in config.json")
-    ids = list(dc.get("target_layer_ids", d.get("target_layer_ids")))
-    return DrafterConfig(
-        hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
-        num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
-        head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]), intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"], layer_types=types, sliding_window=int(d.get("sliding_window") or 2048),
-        rope_theta=theta, rope_scaling=scaling, max_position_embeddings=d.get("max_position_embeddings"),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), block_size=int(dc.get("block_size", d.get("block_size", 16))),
-        num_target_features=len(ids), target_layer_ids=ids, num_target_layers=d.get("num_target_layers"),
-        mask_token_id=dc.get("mask_token_id", d.get("mask_token_id")), vocab_size=d.get("vocab_size")).validate()
+__all__ = ['CorruptWeightsError', 'read_safetensors', 'write_modeling_code', 'serving_state_dict', 'check_export_dir',
+           'export_drafter', 'load_exported_drafter', 'checkpoint_drafter_config', 'checkpoint_weights',
+           'export_checkpoint', 'main', 'cli']
 
 # %% ../nbs/10_export.ipynb #76765be0
 def _umask() -> int:
@@ -203,18 +141,6 @@ def export_drafter(
     return out
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
-def read_exported_config(path):
-    "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError`."
-    from dflash_nb.config import ConfigError, read_document
-    d = read_document(Path(path) / "config.json", "json")   # size, depth and syntax: one line naming the file
-    if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []):
-        archs = d.get("architectures") if isinstance(d, dict) else type(d).__name__
-        raise ConfigError(f"{path}/config.json is not a {SERVING_ARCH} (architectures: {archs})")
-    try: return drafter_config_from_serving(d)
-    except ConfigError as e: raise ConfigError(f"{path}/config.json: {e}") from e
-    except (KeyError, TypeError, ValueError) as e:          # a field missing or of the wrong kind in a hand-edited file
-        raise ConfigError(f"{path}/config.json does not describe a drafter: {type(e).__name__}: {e}") from e
-
 def _check_shapes(sd: dict, cfg):
     "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
     from dflash_nb.model import DFlashDrafter
@@ -270,7 +196,8 @@ def checkpoint_drafter_config(ckpt):
     from types import SimpleNamespace
     from dflash_nb.config import load_config, from_dict, read_document
     from dflash_nb.model import DrafterConfig
-    from dflash_nb.trainer import TrainConfig, drafter_config, tokenizer_dir
+    from dflash_nb.trainer import TrainConfig
+    from dflash_nb.build import drafter_config, tokenizer_dir
     from dflash_nb.data import load_tokenizer
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):

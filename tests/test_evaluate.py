@@ -417,7 +417,7 @@ def test_cli_prompts(tmp_path):
 
 def test_bf16_target_with_fp32_drafter(world):
     "The GPU layout (bf16 target, so bf16 shared embedding and lm_head; fp32 drafter weights; no autocast) evaluates."
-    from dflash_nb.trainer import build_drafter
+    from dflash_nb.build import build_drafter
     target = copy.deepcopy(world["target"]).to(torch.bfloat16)
     feats = TargetFeatures(target, world["cfg"].target_layer_ids)
     drafter = build_drafter(world["cfg"], feats, torch.device("cpu"), seed=0).eval()

@@ -6,7 +6,7 @@ import pytest, torch
 from safetensors import safe_open
 
 from dflash_nb.target import tiny_target
-from dflash_nb.model import DrafterConfig, DFlashDrafter
+from dflash_nb.model import DrafterConfig, DFlashDrafter, read_exported_config, drafter_config_from_serving
 from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.anchors import block_input_ids, block_position_ids
 from dflash_nb import export as ex
@@ -76,7 +76,7 @@ def test_config_fields_match_training_config(setup, tmp_path):
     assert c["rope_parameters"]["rope_theta"] == cfg.rope_theta
     assert c["hidden_size"] == target.config.hidden_size and c["num_target_layers"] == target.config.num_hidden_layers
     assert c["dtype"] == "float32" and c["tie_word_embeddings"] is False
-    assert ex.read_exported_config(out) == cfg
+    assert read_exported_config(out) == cfg
     # a serving stack reads it as a plain Qwen3 config
     from transformers import AutoConfig
     hc = AutoConfig.from_pretrained(str(out))
@@ -84,7 +84,7 @@ def test_config_fields_match_training_config(setup, tmp_path):
     assert (hc.num_hidden_layers, hc.layer_types, hc.sliding_window, hc.head_dim) == (3, c["layer_types"], 6, cfg.head_dim)
     # without our recorded config (z-lab style), the serving fields alone rebuild the same DrafterConfig
     c.pop("dflash_nb_drafter_config")
-    assert ex.drafter_config_from_serving(c) == cfg
+    assert drafter_config_from_serving(c) == cfg
 
 
 def test_bf16_export_and_atomic_replace(setup, tmp_path):
@@ -169,7 +169,7 @@ def test_checkpoint_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "exported" in r.stdout
     out = tmp_path / "export"
-    assert ex.read_exported_config(out) == dcfg
+    assert read_exported_config(out) == dcfg
     c = json.loads((out / "config.json").read_text())
     assert c["dflash_config"]["target_layer_ids"] == [0, 2] and c["block_size"] == 4
     assert c["layer_types"] == ["sliding_attention", "full_attention"] and c["sliding_window"] == 64
@@ -213,7 +213,7 @@ def test_export_out_never_destroys_foreign_dirs(setup, tmp_path):
     (out / "README.md").unlink()
     r = _cli("--checkpoint", ck, "--out", out, "--overwrite")
     assert r.returncode == 0, r.stderr
-    assert ex.read_exported_config(out) == cfg
+    assert read_exported_config(out) == cfg
 
 
 def test_corrupt_export_names_the_file(setup, tmp_path):

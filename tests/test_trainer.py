@@ -1,4 +1,4 @@
-"""The pipelined online trainer (issue 5): overlap never changes results, DDP ranks == one rank, exact resume after
+"""The pipelined online trainer: overlap never changes results, DDP ranks == one rank, exact resume after
 SIGKILL, crash-safe checkpoints, non-finite steps, template guard, SIGTERM. Real processes, real tokenizer, no mocks
 beyond the trainer's own fault-injection switches."""
 import json, os, shutil, signal, subprocess, sys, time

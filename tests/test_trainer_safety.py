@@ -1,4 +1,4 @@
-"""Nothing an attacker or a mistake can do to a run (issue 10): checkpoints load as data only (planted pickles never
+"""Nothing an attacker or a mistake can do to a run: checkpoints load as data only (planted pickles never
 run), remote names and keys never lead outside the destination, a run dir has one owner and one history, and
 checkpoints reach S3 or the run says so. Real trainer, real files, real SeaweedFS; mocks only to inject faults."""
 import json, os, pickle, shutil, signal, socket, subprocess, sys, time
