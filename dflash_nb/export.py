@@ -187,18 +187,22 @@ def _target_hf_config(tc):
     "The target's transformers config from a trainer TargetConfig, without loading big weights."
     if tc.path is None:
         from dflash_nb.target import tiny_target
+
         return tiny_target(**tc.tiny).config
     from transformers import AutoConfig
+
     return AutoConfig.from_pretrained(tc.path, trust_remote_code=False)
 
+
 def checkpoint_drafter_config(ckpt):
-    "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config (target config + overrides + tokenizer)."
+    "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config."
     from types import SimpleNamespace
     from dflash_nb.config import load_config, from_dict, read_document
     from dflash_nb.model import DrafterConfig
     from dflash_nb.trainer import TrainConfig
     from dflash_nb.build import drafter_config, tokenizer_dir
     from dflash_nb.data import load_tokenizer
+
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):
         if (d / name).exists():
@@ -207,30 +211,42 @@ def checkpoint_drafter_config(ckpt):
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
 
+
 def checkpoint_weights(d: Path) -> dict:
-    "The drafter's weights in a training checkpoint (`drafter.safetensors`) or a serving directory (`model.safetensors`)."
+    "The drafter's weights in a checkpoint (`drafter.safetensors`) or a serving dir (`model.safetensors`)."
     from safetensors.torch import load_file
+
     for name in ("drafter.safetensors", "model.safetensors"):
-        if (d / name).exists(): return read_safetensors(d / name)
+        if (d / name).exists():
+            return read_safetensors(d / name)
     raise FileNotFoundError(f"{d}: no drafter.safetensors or model.safetensors")
 
+
 def export_checkpoint(
-    checkpoint,            # a trainer checkpoint dir, or a run / checkpoints dir (its `latest`)
-    out_dir,               # the serving directory to write
-    dtype=None,            # e.g. "bfloat16"; None keeps the checkpoint's dtype
+    checkpoint,  # a trainer checkpoint dir, or a run / checkpoints dir (its `latest`)
+    out_dir,  # the serving directory to write
+    dtype=None,  # e.g. "bfloat16"; None keeps the checkpoint's dtype
     with_modeling_code: bool = False,  # also ship modeling_dflash.py + auto_map
     overwrite: bool = True,  # replace a previous export in out_dir
 ) -> Path:
     "Export a trainer checkpoint to the serving format."
     from dflash_nb.checkpoint import resolve_checkpoint
-    check_export_dir(out_dir, overwrite)   # before any work: a wrong --out is the cheapest mistake to report
+
+    check_export_dir(out_dir, overwrite)  # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     cfg = checkpoint_drafter_config(d)
     sd = {k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)
     step = json.loads((d / "state.json").read_text()).get("step") if (d / "state.json").exists() else None
-    return export_drafter(sd, cfg, out_dir, dtype=dtype, metadata={"checkpoint": d.name, "step": step}, overwrite=overwrite,
-                          with_modeling_code=with_modeling_code)
+    return export_drafter(
+        sd,
+        cfg,
+        out_dir,
+        dtype=dtype,
+        metadata={"checkpoint": d.name, "step": step},
+        overwrite=overwrite,
+        with_modeling_code=with_modeling_code,
+    )
 
 # %% ../nbs/10_export.ipynb #ed7ff82b
 def main(argv=None):

@@ -468,26 +468,42 @@ def drafter_config_from_serving(
 ):
     "The `DrafterConfig` of a serving config: the exact one we recorded, else rebuilt from the Qwen3/DFlash fields."
     from dflash_nb.config import from_dict
-    if "dflash_nb_drafter_config" in d: return from_dict(DrafterConfig, d["dflash_nb_drafter_config"]).validate()
+
+    if "dflash_nb_drafter_config" in d:
+        return from_dict(DrafterConfig, d["dflash_nb_drafter_config"]).validate()
     dc = d.get("dflash_config", {})
     rp = dict(d.get("rope_parameters") or {})
     theta = float(rp.pop("rope_theta", d.get("rope_theta", 10000.0)))
     scaling = {k: v for k, v in rp.items() if v is not None} or (d.get("rope_scaling") or None)
-    if scaling and scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}: scaling = None
+    if scaling and scaling.get("rope_type", "default") == "default" and set(scaling) <= {"rope_type"}:
+        scaling = None
     types = [_KIND_OF[t] for t in d.get("layer_types") or ["full_attention"] * d["num_hidden_layers"]]
     if "sliding" in types and not d.get("sliding_window"):
-        raise ValueError("it has sliding_attention layers but no sliding_window (null, e.g. use_sliding_window false): "
-                         "serving stacks would run those layers without a window; set sliding_window in config.json")
+        raise ValueError(
+            "it has sliding_attention layers but no sliding_window (null, e.g. use_sliding_window false): "
+            "serving stacks would run those layers without a window; set sliding_window in config.json"
+        )
     ids = list(dc.get("target_layer_ids", d.get("target_layer_ids")))
     return DrafterConfig(
-        hidden_size=d["hidden_size"], num_attention_heads=d["num_attention_heads"],
+        hidden_size=d["hidden_size"],
+        num_attention_heads=d["num_attention_heads"],
         num_key_value_heads=d.get("num_key_value_heads", d["num_attention_heads"]),
-        head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]), intermediate_size=d["intermediate_size"],
-        num_hidden_layers=d["num_hidden_layers"], layer_types=types, sliding_window=int(d.get("sliding_window") or 2048),
-        rope_theta=theta, rope_scaling=scaling, max_position_embeddings=d.get("max_position_embeddings"),
-        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)), block_size=int(dc.get("block_size", d.get("block_size", 16))),
-        num_target_features=len(ids), target_layer_ids=ids, num_target_layers=d.get("num_target_layers"),
-        mask_token_id=dc.get("mask_token_id", d.get("mask_token_id")), vocab_size=d.get("vocab_size")).validate()
+        head_dim=d.get("head_dim", d["hidden_size"] // d["num_attention_heads"]),
+        intermediate_size=d["intermediate_size"],
+        num_hidden_layers=d["num_hidden_layers"],
+        layer_types=types,
+        sliding_window=int(d.get("sliding_window") or 2048),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=d.get("max_position_embeddings"),
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        block_size=int(dc.get("block_size", d.get("block_size", 16))),
+        num_target_features=len(ids),
+        target_layer_ids=ids,
+        num_target_layers=d.get("num_target_layers"),
+        mask_token_id=dc.get("mask_token_id", d.get("mask_token_id")),
+        vocab_size=d.get("vocab_size"),
+    ).validate()
 
 # %% ../nbs/05_model.ipynb #20d6128f
 def read_exported_config(path):
