@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from .config import opt, to_dict, from_dict, save_config, ConfigError
 from .storage import atomic_write_text as _write_atomic, fsync_dir as _fsync_dir, s3_client, split_s3  # chapter Storage
-from .data import check_template   # refuses data made with another chat template or tokenizer
+from .shards import check_template   # refuses data made with another chat template or tokenizer
 
 # %% auto #0
 __all__ = ['RUN_FILE', 'TargetConfig', 'OptimConfig', 'LossConfig', 'CheckpointConfig', 'FaultConfig', 'TrainConfig',
@@ -1189,7 +1189,7 @@ def check_token_ids(samples, data_dir, target):
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, indexable (`ds[i]` → dict with input_ids, loss_mask), with `.lengths`."
-    from dflash_nb.data import read_shards
+    from dflash_nb.shards import read_shards
     return read_shards(data_dir)
 
 # %% ../nbs/08_trainer.ipynb #1fcfb465
@@ -1366,7 +1366,8 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
 
 def build_run(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "", locks: Optional[list] = None) -> Run:
     "Processes, devices, the run dir (locked: the lock is appended to `locks`), data, models, optimizer, schedule, backend."
-    from dflash_nb.data import load_manifest, load_tokenizer
+    from dflash_nb.data import load_tokenizer
+    from dflash_nb.shards import load_manifest
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, local_rank = dist_env()
