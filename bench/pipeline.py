@@ -67,7 +67,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from dflash_nb.config import from_dict
     from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer, DataConfig
-    from dflash_nb.shards import synthetic_records, write_jsonl, tokenize_dataset
+    from dflash_nb.inputs import synthetic_records, write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.trainer import (TrainConfig, train, RowStream, make_batch, drafter_config, build_drafter, drafter_lm_head_weight,
                                    pick_backend, load_samples, _autocast)
     from dflash_nb.target import TargetFeatures, tiny_target

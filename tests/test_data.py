@@ -8,8 +8,9 @@ from hypothesis import given, settings, strategies as st, HealthCheck
 
 from dflash_nb.data import (DataConfig, SampleEncoder, conversation_samples, load_tokenizer, normalize_record,
                             qwen3_tokenizer_dir, template_fingerprint)
+from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import (DataAuditError, DataMismatchError, OutDirError, check_template, load_manifest,
-                              read_shards, shard_path, synthetic_records, tokenize_dataset, write_jsonl)
+                              read_shards, shard_path, tokenize_dataset)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,9 +9,9 @@ import pytest
 from dflash_nb import inputs as inputs_mod
 from dflash_nb.data import DataConfig, load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
 from dflash_nb.inputs import InputError, list_inputs
+from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import (CorruptFileError, DataAuditError, DataMismatchError, OutDirError, check_template,
-                              load_manifest, read_shards, shard_path, synthetic_records, tokenize_dataset,
-                              write_jsonl)
+                              load_manifest, read_shards, shard_path, tokenize_dataset)
 from dflash_nb.config import ConfigError
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -180,7 +180,8 @@ def test_compare_decoding_reports(world):
 def test_cli(world, tmp_path):
     "`python -m dflash_nb.evaluate` on tokenized data and an exported drafter, as a real subprocess."
     from dflash_nb.data import DataConfig
-    from dflash_nb.shards import tokenize_dataset, write_jsonl
+    from dflash_nb.inputs import write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter
     recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight by air."}
             for i in range(3)]
@@ -602,7 +603,8 @@ def test_format_drafts(hybrid):
 def test_cli_show_drafts(tmp_path, capsys):
     "`--show-drafts N` prints N held-out continuations (--data) or prompt-file continuations with the drafts marked."
     from dflash_nb.data import DataConfig
-    from dflash_nb.shards import tokenize_dataset, write_jsonl
+    from dflash_nb.inputs import write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter
     recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight."}
             for i in range(3)]
