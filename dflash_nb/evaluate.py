@@ -86,27 +86,34 @@ def compare_decoding(
     stop_token_ids=(),
     cache: str = "auto",
     backend: str = "sdpa",
-    temperature: float = 0.0,  # > 0: speculative sampling vs plain sampling (outputs are then not compared token by token)
+    temperature: float = 0.0,  # > 0: speculative vs plain sampling (outputs then not compared token by token)
     top_p: float = 1.0,
     top_k: int = 0,
     seed: int = 0,         # prompt i samples with seed + i
 ) -> dict:
-    "Speculative vs plain decoding on the same prompts: are the (greedy) outputs identical, τ, and seconds per token of each."
-    budgets = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens, int) else [int(b) for b in max_new_tokens]
+    "Speculative vs plain decoding on the same prompts: identical (greedy) outputs?, τ, and seconds per token of each."
+    budgets = [int(max_new_tokens)] * len(prompts) if isinstance(max_new_tokens,
+                                                                 int) else [int(b) for b in max_new_tokens]
     B = int(block_size or getattr(getattr(drafter, "config", None), "block_size", 0) or drafter.block_size)
     stats, g_s, s_s, n_tok, n_spec, mismatches, forwards = AcceptanceStats(B), 0.0, 0.0, 0, 0, [], 0
     for i, (p, n) in enumerate(zip(prompts, budgets)):
         g = sample_generate(model, p, n, temperature, top_p, top_k, stop_token_ids, seed=seed + i)
         s = speculative_generate(drafter, model, p, n, block_size=B, layer_ids=layer_ids, stop_token_ids=stop_token_ids,
-                                 cache=cache, backend=backend, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed + i)
+                                 cache=cache, backend=backend, temperature=temperature, top_p=top_p, top_k=top_k,
+                                 seed=seed + i)
         if temperature == 0 and not torch.equal(g["tokens"], s["tokens"]): mismatches.append(i)
-        g_s += g["seconds"]; s_s += s["seconds"]; n_tok += g["tokens"].numel(); n_spec += s["tokens"].numel(); forwards += s["forwards"]
+        g_s += g["seconds"]
+        s_s += s["seconds"]
+        n_tok += g["tokens"].numel()
+        n_spec += s["tokens"].numel()
+        forwards += s["forwards"]
         stats.merge(s["stats"])
     out = stats.summary()
     out.update(prompts=len(prompts), identical=len(prompts) - len(mismatches) if temperature == 0 else None,
                mismatches=mismatches, tokens=n_tok, temperature=float(temperature),
                target_forwards=forwards, greedy_ms_per_token=1e3 * g_s / max(n_tok, 1),
-               spec_ms_per_token=1e3 * s_s / max(n_spec, 1), speedup=(g_s / max(n_tok, 1)) / (s_s / max(n_spec, 1)) if s_s else float("nan"))
+               spec_ms_per_token=1e3 * s_s / max(n_spec, 1),
+               speedup=(g_s / max(n_tok, 1)) / (s_s / max(n_spec, 1)) if s_s else float("nan"))
     return out
 
 # %% ../nbs/09_evaluate.ipynb #b090361d
@@ -166,7 +173,9 @@ def format_tau_table(results: dict, temperatures, key: str = "tau", label: str =
     "One row per prompt set, one column per temperature: `key` of every cell (τ by default)."
     names = list(results)
     w = max([len("prompt set")] + [len(n) for n in names])
-    head = f"{'prompt set':<{w}}  prompts  " + "  ".join(f"{label + ' @ T=' + format(float(T), 'g'):>12}" for T in temperatures)
+    head = f"{'prompt set':<{w}}  prompts  " + "  ".join(
+        f"{label + ' @ T=' + format(float(T), 'g'):>12}" for T in temperatures
+    )
     rows = [head, "-" * len(head)]
     for n in names:
         r = results[n]
@@ -184,7 +193,8 @@ def load_target_spec(
     "The target CausalLM named on the command line."
     from dflash_nb.target import tiny_target, load_target
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec == "tiny": return tiny_target(dtype=getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)).to(dev)
+    if spec == "tiny":
+        return tiny_target(dtype=getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)).to(dev)
     if str(spec).endswith((".yaml", ".yml")):
         from dflash_nb.config import load_config
         from dflash_nb.trainer import TrainConfig, build_target

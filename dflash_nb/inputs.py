@@ -43,19 +43,30 @@ def _glob_regex(pattern: str) -> "re.Pattern":
     "Regex with local glob semantics for S3 keys: `*` and `?` stay within one path component, `**/` spans any number."
     out, i = [], 0
     while i < len(pattern):
-        if pattern.startswith("**/", i): out.append("(?:.*/)?"); i += 3
-        elif pattern.startswith("**", i): out.append(".*"); i += 2
-        elif pattern[i] == "*": out.append("[^/]*"); i += 1
-        elif pattern[i] == "?": out.append("[^/]"); i += 1
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
         elif pattern[i] == "[" and "]" in pattern[i + 2:]:
             j = pattern.index("]", i + 2)
             body = pattern[i + 1:j]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]"); i = j + 1
-        else: out.append(re.escape(pattern[i])); i += 1
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = j + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
     return re.compile("".join(out) + r"\Z")
 
 def _walk_files(base: Path):
-    "Files below `base` (hidden entries skipped), following directory links but never into a directory seen before: a symlink loop is walked once."
+    "Files below `base` (hidden entries skipped), following directory links but into no directory twice (loops)."
     seen, stack = set(), [base]
     while stack:
         d = stack.pop()
@@ -94,20 +105,23 @@ def _list_local(spec: str) -> list[InputFile]:
 
 # %% ../nbs/01b_inputs.ipynb #44993fc3
 def _s3(cfg: DataConfig):
-    "The process's S3 client for `cfg` (chapter Storage): `cfg.s3_retries` retries by botocore, one client for every reader."
+    "The process's S3 client for `cfg` (chapter 00b_storage), with `cfg.s3_retries` retries, shared by every reader."
     return s3_client(cfg.s3_endpoint_url, retries=cfg.s3_retries, reuse=True)
 
 def _s3_keys(client, bucket: str, prefix: str, page_size: int):
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}):
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix,
+                                                                 PaginationConfig={"PageSize": page_size}):
         for o in page.get("Contents", []):
             if not o["Key"].endswith("/"): yield o["Key"], o["Size"]
 
 def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
     try: bucket = split_s3(spec)[0]
     except ValueError as err: raise InputError(f"input {err}") from None
-    try: objs, base = _s3_objects(spec, cfg)
-    except (InputError, FileNotFoundError): raise
-    except Exception as err:                          # credentials, endpoint, no bucket, access denied: one line naming the input
+    try:
+        objs, base = _s3_objects(spec, cfg)
+    except (InputError, FileNotFoundError):
+        raise
+    except Exception as err:  # credentials, endpoint, no bucket, access denied: one line naming the input
         raise InputError(f"input {spec}: S3 error: {' '.join(str(err).split())[:300]}") from None
     if not objs: raise InputError(f"input {spec} matches no objects")
     strip = len(base) + 1 if base else 0
@@ -124,9 +138,12 @@ def _s3_objects(spec: str, cfg: DataConfig) -> tuple[list, str]:
     else:
         objs = []
         if key and not key.endswith("/"):
-            try: objs, base = [(key, client.head_object(Bucket=bucket, Key=key)["ContentLength"])], key.rpartition("/")[0]
+            try:
+                size = client.head_object(Bucket=bucket, Key=key)["ContentLength"]
+                objs, base = [(key, size)], key.rpartition("/")[0]
             except client.exceptions.ClientError as err:
-                if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"): raise
+                if err.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                    raise
         if not objs:
             base = key.rstrip("/")
             prefix = base + "/" if base else ""
@@ -144,8 +161,10 @@ def list_inputs(specs, cfg: DataConfig | None = None) -> list[InputFile]:
             where = f.uri if f.uri.startswith("s3://") else os.path.realpath(f.uri)
             if where in seen: continue                      # the same file from two inputs (or two names of it)
             if f.name in seen.values():
-                raise ConfigError(f"two inputs have the same name {f.name!r} ({f.uri}); shards are keyed by name, rename one")
-            seen[where] = f.name; files.append(f)
+                raise ConfigError(f"two inputs have the same name {f.name!r} ({f.uri}); shards are keyed by name, "
+                                  "rename one")
+            seen[where] = f.name
+            files.append(f)
     if not files: raise InputError(f"no input files in {specs}")
     return files
 
@@ -184,7 +203,8 @@ class S3RangeReader(io.RawIOBase):
         self.body = None
 
     def close(self):
-        self.close_body(); super().close()
+        self.close_body()
+        super().close()
 
 _THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed"}
 def _s3_error(err) -> tuple[Optional[str], Optional[int]]:
@@ -206,7 +226,7 @@ def open_input(f: InputFile, start: int = 0, cfg: DataConfig | None = None):
 # %% ../nbs/01b_inputs.ipynb #5561eff9
 @dataclass(frozen=True)
 class ShardTask:
-    "Shard `index`: lines of `file` starting in bytes [start, end); `key` identifies the plan it belongs to, `dataset` the data set (`dataset_id`)."
+    "Shard `index`: lines of `file` starting in bytes [start, end); `key` names its plan, `dataset` its data set."
     index: int
     file: InputFile
     chunk: int
@@ -216,9 +236,10 @@ class ShardTask:
     dataset: str = ""
 
 def dataset_id(cfg: DataConfig, fingerprints: dict) -> str:
-    "Identity of a data set (16 hex digits): format, content settings, `fingerprints` (tokenizer, template, inputs). Shards and manifest carry it."
+    "A data set's identity (16 hex digits): format, content settings, `fingerprints` (tokenizer, template, inputs)."
     content = {k: getattr(cfg, k) for k in CONTENT_FIELDS}
-    return sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True, default=str))[:16]
+    return sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True,
+                                 default=str))[:16]
 
 def plan_shards(files: list[InputFile], cfg: DataConfig, fingerprints: dict) -> list[ShardTask]:
     "Deterministic shard plan: every file cut into `shard_bytes` ranges, numbered in input order."
@@ -227,7 +248,8 @@ def plan_shards(files: list[InputFile], cfg: DataConfig, fingerprints: dict) -> 
     for f in files:
         for c in range(max(1, math.ceil(f.size / cfg.shard_bytes))):
             start, end = c * cfg.shard_bytes, min(f.size, (c + 1) * cfg.shard_bytes)
-            key = sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints, "name": f.name, "size": f.size,
+            key = sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints, "name": f.name,
+                                         "size": f.size,
                                    "range": [start, end]}, sort_keys=True, default=str))[:16]
             tasks.append(ShardTask(len(tasks), f, c, start, end, key, ds))
     return tasks
@@ -236,7 +258,7 @@ SHARD_FORMAT = "dflash_nb.data/2"
 
 # %% ../nbs/01b_inputs.ipynb #69c04a96
 def iter_range_lines(stream, start: int, end: int):
-    "(line number within the range, byte offset, line bytes) for the lines starting in [start, end); `stream` is at `start - 1` when start > 0."
+    "(line number in the range, byte offset, line) of the lines starting in [start, end); `stream` is at `start - 1`."
     pos = start
     if start > 0:
         pos = start - 1 + len(stream.readline())   # skip the tail of the line that began in the previous range
@@ -245,17 +267,19 @@ def iter_range_lines(stream, start: int, end: int):
         line = stream.readline()
         if not line: break
         yield n, pos, line
-        pos += len(line); n += 1
+        pos += len(line)
+        n += 1
 
 # %% ../nbs/01b_inputs.ipynb #a7d1c002
 def _file_hash(f: InputFile, cfg: DataConfig) -> str:
-    "sha256 of one input's bytes, read as the shards read it (local file or S3 object): the same content, the same hash."
+    "sha256 of one input's bytes, read as the shards read it (local or S3): the same content, the same hash."
     h = hashlib.sha256()
     try:
         with open_input(f, 0, cfg) as fh:
             while chunk := fh.read(1 << 22): h.update(chunk)
     except Exception as err:
-        raise InputError(f"input {f.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+        why = " ".join(str(err).split())[:300]
+        raise InputError(f"input {f.uri}: cannot read it: {type(err).__name__}: {why}") from None
     return "sha256:" + h.hexdigest()[:32]
 
 def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) -> list[dict]:
@@ -264,12 +288,12 @@ def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) ->
     return [{"name": f.name, "size": f.size, "hash": _file_hash(f, cfg)} for f in files]
 
 def input_id(inputs: list[dict]) -> str:
-    "Identity (16 hex digits) of the inputs listed by `input_fingerprints`: another file, name or content gives another id."
+    "Identity (16 hex digits) of the inputs in `input_fingerprints`: another file, name or content, another id."
     return sha256_hex(json.dumps(inputs, sort_keys=True))[:16]
 
 # %% ../nbs/01b_inputs.ipynb #b688b088
 def parse_line(line: bytes):
-    "The JSON value on one input line; RecordError('bad_utf8' | 'bad_json') otherwise, also for nesting too deep or numbers too long to read."
+    "The JSON value on one input line, or RecordError 'bad_utf8' / 'bad_json' (also for too deep or too long values)."
     try: text = line.decode("utf-8")
     except UnicodeDecodeError as err: raise RecordError("bad_utf8", f"invalid UTF-8 at byte {err.start}") from None
     try: return json.loads(text)
@@ -278,15 +302,23 @@ def parse_line(line: bytes):
     except ValueError as err: raise RecordError("bad_json", " ".join(str(err).split())[:200]) from None
 
 # %% ../nbs/01b_inputs.ipynb #ca4767f7
-_WORDS = ("the of and to in is that for it as was with be by on not this are or from at which but have an they were been one all "
-          "we their has would when if so no will more can what about up out them some time only other into could its then two these "
-          "may first see like now over than any new after also did many most should where very those years just because each such "
-          "how well much back even good through way own down work day use being might long same before both life under great must "
-          "again world another made while last still think here thing part number water between around something found three every "
-          "place however small change large end always without during why system problem answer value function result step point "
-          "case order given second third next check compute consider assume suppose note therefore thus hence recall since let need "
+_WORDS = ("the of and to in is that for it as was with be by on not this are or from at which but have an they were "
+          "been one all "
+          "we their has would when if so no will more can what about up out them some time only other into could its "
+          "then two these "
+          "may first see like now over than any new after also did many most should where very those years just "
+          "because each such "
+          "how well much back even good through way own down work day use being might long same before both life "
+          "under great must "
+          "again world another made while last still think here thing part number water between around something "
+          "found three every "
+          "place however small change large end always without during why system problem answer value function result "
+          "step point "
+          "case order given second third next check compute consider assume suppose note therefore thus hence recall "
+          "since let need "
           "want try model token layer block draft target loss mask sequence batch gradient").split()
-_IDS = "x y z n k i j m total count value result items data node left right key index buffer acc score weight grad loss mask batch token offset start end size".split()
+_IDS = ("x y z n k i j m total count value result items data node left right key index buffer acc score weight grad "
+        "loss mask batch token offset start end size").split()
 
 def _sentence(r) -> str:
     w = [r.choice(_WORDS) for _ in range(r.randint(8, 24))]
@@ -295,19 +327,23 @@ def _sentence(r) -> str:
     return s[0].upper() + s[1:] + r.choice(".....?!:;")
 
 def _code(r) -> str:
-    lines = [f"def {'_'.join(r.sample(_IDS, 2))}({', '.join(r.sample(_IDS, r.randint(1, 3)))}):", f"    '''{_sentence(r)}'''"]
+    lines = [f"def {'_'.join(r.sample(_IDS, 2))}({', '.join(r.sample(_IDS, r.randint(1, 3)))}):",
+             f"    '''{_sentence(r)}'''"]
     for _ in range(r.randint(4, 12)):
         a, b = r.sample(_IDS, 2)
-        lines.append(r.choice([f"    {a} = {b} {r.choice(['+', '-', '*', '//', '%', '**'])} {r.randint(0, 999)}", f"    for {a} in range(len({b})):",
+        lines.append(r.choice([f"    {a} = {b} {r.choice(['+', '-', '*', '//', '%', '**'])} {r.randint(0, 999)}",
+                               f"    for {a} in range(len({b})):",
                                f"        {a}[{r.choice(_IDS)}] += {b}", f"    if {a} > {b}:", f"        return {a}",
                                f"    {a}.append({b}[{r.randint(0, 9)}])", f"    # {_sentence(r).lower()}"]))
     return "```python\n" + "\n".join(lines + [f"    return {r.choice(_IDS)}"]) + "\n```"
 
 def _math(r) -> str:
-    a, b, c = (r.randint(1, 99) for _ in range(3)); v = r.choice("xyzn")
+    a, b, c = (r.randint(1, 99) for _ in range(3))
+    v = r.choice("xyzn")
     return r.choice([f"$$\\frac{{{a}{v}^2 + {b}}}{{{c}}} = \\sum_{{k=0}}^{{{a}}} \\binom{{{b}}}{{k}} {v}^k$$",
                      f"We get ${a}{v} + {b} = {c}$, so ${v} = \\frac{{{c} - {b}}}{{{a}}} \\approx {(c - b) / a:.4f}$.",
-                     f"\\[ \\int_0^{{{a}}} {v}^{{{b % 5 + 1}}}\\,d{v} = \\frac{{{a}^{{{b % 5 + 2}}}}}{{{b % 5 + 2}}} \\]",
+                     f"\\[ \\int_0^{{{a}}} {v}^{{{b % 5 + 1}}}\\,d{v} = \\frac{{{a}^{{{b % 5 + 2}}}}}{{{b % 5 + 2}}} "
+                     "\\]",
                      f"Then {a} * {b} = {a * b} and {a * b} mod {c} = {a * b % c}."])
 
 def _mixed(r, n_chars: int) -> str:
@@ -316,15 +352,18 @@ def _mixed(r, n_chars: int) -> str:
         k = r.random()
         p = " ".join(_sentence(r) for _ in range(r.randint(2, 6))) if k < 0.5 else _code(r) if k < 0.75 else _math(r)
         if parts and size + len(p) / 2 > n_chars: return "\n\n".join(parts)   # stop nearest to the budget
-        parts.append(p); size += len(p) + 2
+        parts.append(p)
+        size += len(p) + 2
 
 def synthetic_records(n: int, seed: int = 0, approx_tokens: int = 2000) -> list[dict]:
-    "`n` deterministic thinking-mode records (prose, code, math) of about `approx_tokens` tokens, cycling through the three shapes."
+    "`n` deterministic thinking-mode records (prose, code, math) of about `approx_tokens` tokens, in the three shapes."
     r, out, c = random.Random(seed), [], approx_tokens * 4.15     # ~4.15 characters per Qwen3 token on this mix
     for i in range(n):
         prompt = _sentence(r) + "\n\n" + _mixed(r, int(0.05 * c))
         reasoning, answer = _mixed(r, int(0.68 * c)), _mixed(r, int(0.24 * c))
-        if i % 3 == 0: out.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer, "reasoning_content": reasoning}]})
+        if i % 3 == 0: out.append({"messages": [{"role": "user", "content": prompt},
+                                                {"role": "assistant", "content": answer,
+                                                 "reasoning_content": reasoning}]})
         elif i % 3 == 1: out.append({"prompt": prompt, "completion": answer, "reasoning": reasoning})
         else: out.append({"prompt": prompt, "response": f"<think>\n{reasoning}\n</think>\n\n{answer}"})
     return out
@@ -332,7 +371,8 @@ def synthetic_records(n: int, seed: int = 0, approx_tokens: int = 2000) -> list[
 # %% ../nbs/01b_inputs.ipynb #6d80adc6
 def write_jsonl(records, path) -> Path:
     "Write `records` as JSON lines to `path`."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for rec in records: f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     return path

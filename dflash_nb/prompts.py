@@ -252,7 +252,8 @@ def render_prompts(
     if "chat_template_kwargs" in inspect.signature(ChatRenderer).parameters:
         r = ChatRenderer(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=kw)
     else:
-        r = ChatRenderer(tokenizer, enable_thinking=enable_thinking); r.kwargs.update(kw)
+        r = ChatRenderer(tokenizer, enable_thinking=enable_thinking)
+        r.kwargs.update(kw)
     enc = tokenizer.backend_tokenizer
     render = lambda m: torch.tensor(enc.encode(r.render(m, add_generation_prompt=True), add_special_tokens=False).ids,
                                     dtype=torch.long)

@@ -18,7 +18,8 @@ from .storage import atomic_writer, atomic_write_text
 from .data import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
-from .inputs import (SHARD_FORMAT, InputFile, InputError, ShardTask, dataset_id, input_fingerprints, input_id, iter_range_lines,
+from .inputs import (SHARD_FORMAT, InputFile, InputError, ShardTask, dataset_id, input_fingerprints, input_id,
+                              iter_range_lines,
                               list_inputs, open_input, parse_line, plan_shards)
 
 # %% auto #0
@@ -36,29 +37,35 @@ def shard_path(out_dir, index: int) -> Path: return Path(out_dir) / f"shard-{ind
 def _record_batch(rows: list) -> pa.RecordBatch:
     "Arrow batch from (ids, lo, hi, source) rows, built from flat numpy buffers (no per-token Python)."
     lens = np.fromiter((len(r[0]) for r in rows), dtype=np.int32, count=len(rows))
-    offsets = np.zeros(len(rows) + 1, dtype=np.int32); np.cumsum(lens, out=offsets[1:])
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lens, out=offsets[1:])
     ids = np.concatenate([r[0] for r in rows])
     mask = np.zeros(len(ids), dtype=np.int8)
     for (_, lo, hi, _), o in zip(rows, offsets[:-1]): mask[o + lo:o + hi] = 1
     n_loss = np.fromiter((r[2] - r[1] for r in rows), dtype=np.int32, count=len(rows))
     off = pa.array(offsets)
-    return pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(off, pa.array(ids)), pa.ListArray.from_arrays(off, pa.array(mask)),
-                                       pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())], schema=SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.ListArray.from_arrays(off, pa.array(ids)),
+                                       pa.ListArray.from_arrays(off, pa.array(mask)),
+                                       pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())],
+                                      schema=SCHEMA)
 
 def _new_stats(task: ShardTask) -> dict:
     return {"key": task.key, "dataset": task.dataset, "index": task.index, "name": task.file.name, "chunk": task.chunk,
-            "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0, "loss_tokens": 0,
+            "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0,
+            "loss_tokens": 0,
             "empty_reasoning": 0, "reasoning_stripped": 0, "truncated": 0, "dropped_overlong": 0, "degenerate": 0,
             "degenerate_loss_hist": {}, "boundary_straddle": 0, "malformed": {}, "examples": [], "row_hashes": []}
 
 # %% ../nbs/01c_shards.ipynb #cebb61e8
 def sample_hash(conv: list[dict]) -> str:
     "Content hash (16 hex digits) of one sample's conversation, what duplicates are found by."
-    return sha256_hex(json.dumps(conv, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8", "surrogatepass"))[:16]
+    text = json.dumps(conv, sort_keys=True, ensure_ascii=False, default=str)
+    return sha256_hex(text.encode("utf-8", "surrogatepass"))[:16]
 
 def _malformed(st: dict, kind: str, line: int, offset: int, msg: str):
     st["malformed"][kind] = st["malformed"].get(kind, 0) + 1
-    if sum(1 for e in st["examples"] if e[0] == kind) < _MAX_SHARD_EXAMPLES: st["examples"].append([kind, line, offset, msg[:200]])
+    if sum(1 for e in st["examples"] if e[0] == kind) < _MAX_SHARD_EXAMPLES:
+        st["examples"].append([kind, line, offset, msg[:200]])
 
 # %% ../nbs/01c_shards.ipynb #dd84306d
 def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfig) -> dict:
@@ -68,21 +75,35 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
     def flush():
         results = encoder.encode([conv for *_, conv in pending])
         for (line, off, src, h, _), res in zip(pending, results):
-            if isinstance(res, RecordError): _malformed(st, res.kind, line, off, str(res)); continue
-            st["samples"] += 1; st["empty_reasoning"] += res.empty_reasoning; st["boundary_straddle"] += res.straddle
+            if isinstance(res, RecordError):
+                _malformed(st, res.kind, line, off, str(res))
+                continue
+            st["samples"] += 1
+            st["empty_reasoning"] += res.empty_reasoning
+            st["boundary_straddle"] += res.straddle
             st["reasoning_stripped"] += res.reasoning_stripped
             ids, lo, hi = res.ids, res.lo, res.hi
             if len(ids) > cfg.max_seq_len:
                 st["truncated"] += 1
-                if cfg.overlong == "drop": st["dropped_overlong"] += 1; continue
+                if cfg.overlong == "drop":
+                    st["dropped_overlong"] += 1
+                    continue
                 ids, hi = ids[:cfg.max_seq_len], min(hi, cfg.max_seq_len)
             n_loss = max(0, hi - lo)
             if n_loss < cfg.min_loss_tokens:
-                st["degenerate"] += 1; hist = st["degenerate_loss_hist"]; hist[str(n_loss)] = hist.get(str(n_loss), 0) + 1; continue
-            rows.append((ids, lo, max(lo, hi), src)); st["row_hashes"].append(h)
-            st["kept"] += 1; st["tokens"] += len(ids); st["loss_tokens"] += n_loss
+                st["degenerate"] += 1
+                hist = st["degenerate_loss_hist"]
+                hist[str(n_loss)] = hist.get(str(n_loss), 0) + 1
+                continue
+            rows.append((ids, lo, max(lo, hi), src))
+            st["row_hashes"].append(h)
+            st["kept"] += 1
+            st["tokens"] += len(ids)
+            st["loss_tokens"] += n_loss
         pending.clear()
-        if rows: batches.append(_record_batch(rows)); rows.clear()
+        if rows:
+            batches.append(_record_batch(rows))
+            rows.clear()
 
     for line, off, raw in _read_range(task, cfg):
         st["lines"] += 1
@@ -94,14 +115,18 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
             convs = conversation_samples(msgs, cfg.all_turns)
             if not convs: raise RecordError("no_assistant", "no assistant turn after a first message")
             hashes = [sample_hash(conv) for _, conv in convs]
-        except RecordError as err: _malformed(st, err.kind, line, off, str(err)); continue
-        except Exception as err:                     # whatever else one line can do (deep nesting, odd values): counted, never a crash
-            _malformed(st, "bad_record", line, off, f"{type(err).__name__}: {err}"); continue
+        except RecordError as err:
+            _malformed(st, err.kind, line, off, str(err))
+            continue
+        except Exception as err:                     # whatever else one line can do: counted, never a crash
+            _malformed(st, "bad_record", line, off, f"{type(err).__name__}: {err}")
+            continue
         for (turn, conv), h in zip(convs, hashes):
             pending.append((line, off, f"{task.file.name}@{off}" + (f"#{turn}" if cfg.all_turns else ""), h, conv))
         if len(pending) >= cfg.batch_size: flush()
     flush()
-    if task.chunk == 0 and task.end == task.file.size and st["records"] == 0: _malformed(st, "empty_file", -1, 0, "the file holds no records")
+    if task.chunk == 0 and task.end == task.file.size and st["records"] == 0: _malformed(st, "empty_file", -1, 0,
+                                                                                         "the file holds no records")
     _write_shard_file(shard_path(out_dir, task.index), batches, st)
     return st
 
@@ -111,13 +136,15 @@ def _read_range(task: ShardTask, cfg: DataConfig):
         with open_input(task.file, max(0, task.start - 1), cfg) as fh:
             yield from iter_range_lines(fh, task.start, task.end)
     except Exception as err:
-        raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+        raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:300]}") from None
 
 def _write_shard_file(path: Path, batches: list, stats: dict):
     "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
     schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
-    with atomic_writer(path) as raw, pa.ipc.new_file(raw, schema) as w:   # the Arrow footer is written before the rename
-        for b in batches: w.write_batch(b)
+    with atomic_writer(path) as raw, pa.ipc.new_file(raw, schema) as w:  # the Arrow footer is written before the rename
+        for b in batches:
+            w.write_batch(b)
 
 # %% ../nbs/01c_shards.ipynb #38afc04b
 def shard_stats(path) -> Optional[dict]:
@@ -145,7 +172,8 @@ def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig, duplicat
         for k, n in s["malformed"].items(): kinds[k] = kinds.get(k, 0) + n
     first_line, examples = {}, []                      # line numbers: ranges of a file are planned in order
     for s in sorted(stats, key=lambda s: s["index"]):
-        base = first_line.get(s["name"], 0); first_line[s["name"]] = base + s["lines"]
+        base = first_line.get(s["name"], 0)
+        first_line[s["name"]] = base + s["lines"]
         for kind, line, off, msg in s["examples"]:
             where = f"{s['name']}" if line < 0 else f"{s['name']}:{base + line + 1}"
             examples.append((kind, f"{where}: {kind}: {msg}"))
@@ -154,18 +182,23 @@ def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig, duplicat
     if dup["count"]: reasons["duplicate"] = dup["count"]
     n_bad = sum(reasons.values())
     return {
-        "records": records, "samples": samples, "kept": tot("kept") - dup["count"], "tokens": tot("tokens") - dup["tokens"],
+        "records": records, "samples": samples, "kept": tot("kept") - dup["count"],
+            "tokens": tot("tokens") - dup["tokens"],
         "loss_tokens": tot("loss_tokens") - dup["loss_tokens"],
-        "loss_tokens_percentiles": {f"p{q}": int(np.percentile(lengths, q, method="lower")) for q in _PCTS} if len(lengths) else {},
+        "loss_tokens_percentiles": {f"p{q}": int(np.percentile(lengths, q,
+                                                               method="lower")) for q in _PCTS} if len(lengths) else {},
         "empty_reasoning": {"count": tot("empty_reasoning"), "share": share(tot("empty_reasoning"))},
         "reasoning_stripped": {"count": tot("reasoning_stripped"), "share": share(tot("reasoning_stripped")),
                                "max_fraction": cfg.max_stripped_reasoning_fraction},
-        "truncated": {"count": tot("truncated"), "share": share(tot("truncated")), "dropped": tot("dropped_overlong"), "max_seq_len": cfg.max_seq_len},
-        "degenerate": {"count": tot("degenerate"), "share": share(tot("degenerate")), "min_loss_tokens": cfg.min_loss_tokens,
+        "truncated": {"count": tot("truncated"), "share": share(tot("truncated")), "dropped": tot("dropped_overlong"),
+                      "max_seq_len": cfg.max_seq_len},
+        "degenerate": {"count": tot("degenerate"), "share": share(tot("degenerate")),
+                       "min_loss_tokens": cfg.min_loss_tokens,
                        "max_fraction": cfg.max_degenerate_fraction},
         "malformed": {"count": sum(kinds.values()), "by_kind": dict(sorted(kinds.items())), "examples": per_kind},
         "duplicates": {"count": dup["count"], "examples": dup["examples"][:cfg.max_examples]},
-        "dropped": {"count": n_bad, "share": round(n_bad / records, 6) if records else 0.0, "max_fraction": cfg.max_malformed_fraction,
+        "dropped": {"count": n_bad, "share": round(n_bad / records, 6) if records else 0.0,
+                    "max_fraction": cfg.max_malformed_fraction,
                     "by_reason": dict(sorted(reasons.items()))},
         "boundary_straddle": tot("boundary_straddle"),
     }
@@ -177,16 +210,30 @@ def format_audit(a: dict, title: str = "data audit") -> str:
     pct = lambda d: f"{d['count']:>12,}  ({d['share']:.1%} of samples)"
     p = a["loss_tokens_percentiles"]
     d = a["dropped"]
-    rows = [("records read", f"{a['records']:>12,}"), ("samples", f"{a['samples']:>12,}"),
-            ("kept", f"{a['kept']:>12,}"), ("tokens", f"{a['tokens']:>12,}"),
-            ("loss tokens", f"{a['loss_tokens']:>12,}  ({a['loss_tokens'] / max(1, a['tokens']):.1%} of tokens)"),
-            ("loss tokens/sample", "  ".join(f"{k} {n(v)}" for k, v in p.items() if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100")) or "-"),
-            ("empty reasoning", pct(a["empty_reasoning"])),
-            ("reasoning stripped", pct(a["reasoning_stripped"]) + f"  limit {a['reasoning_stripped']['max_fraction']:.0%}"),
-            (f"truncated (>{n(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
-            (f"degenerate (<{a['degenerate']['min_loss_tokens']} loss)", pct(a["degenerate"]) + f"  limit {a['degenerate']['max_fraction']:.0%}"),
-            ("dropped records", f"{d['count']:>12,}  ({d['share']:.1%} of records)  limit {d['max_fraction']:.0%}  "
-                                + ", ".join(f"{k} {v}" for k, v in d["by_reason"].items()))]
+    rows = [
+        ("records read", f"{a['records']:>12,}"),
+        ("samples", f"{a['samples']:>12,}"),
+        ("kept", f"{a['kept']:>12,}"),
+        ("tokens", f"{a['tokens']:>12,}"),
+        ("loss tokens", f"{a['loss_tokens']:>12,}  ({a['loss_tokens'] / max(1, a['tokens']):.1%} of tokens)"),
+        (
+            "loss tokens/sample",
+            "  ".join(f"{k} {n(v)}" for k, v in p.items() if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100"))
+            or "-",
+        ),
+        ("empty reasoning", pct(a["empty_reasoning"])),
+        ("reasoning stripped", pct(a["reasoning_stripped"]) + f"  limit {a['reasoning_stripped']['max_fraction']:.0%}"),
+        (f"truncated (>{n(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
+        (
+            f"degenerate (<{a['degenerate']['min_loss_tokens']} loss)",
+            pct(a["degenerate"]) + f"  limit {a['degenerate']['max_fraction']:.0%}",
+        ),
+        (
+            "dropped records",
+            f"{d['count']:>12,}  ({d['share']:.1%} of records)  limit {d['max_fraction']:.0%}  "
+            + ", ".join(f"{k} {v}" for k, v in d["by_reason"].items()),
+        ),
+    ]
     w = max(len(k) for k, _ in rows)
     lines = [title] + [f"  {k:<{w}}  {v}" for k, v in rows]
     lines += [f"      {e}" for ex in a["malformed"]["examples"].values() for e in ex]
@@ -214,7 +261,8 @@ class TokenizerSpec:
 
     @classmethod
     def of(cls, tokenizer) -> "TokenizerSpec":
-        return cls(tokenizer.backend_tokenizer.to_str(), chat_template_text(tokenizer), dict(tokenizer.special_tokens_map), tokenizer.eos_token)
+        return cls(tokenizer.backend_tokenizer.to_str(), chat_template_text(tokenizer),
+                   dict(tokenizer.special_tokens_map), tokenizer.eos_token)
 
     @property
     def backend_tokenizer(self):
@@ -225,7 +273,7 @@ class TokenizerSpec:
 
 # %% ../nbs/01c_shards.ipynb #0c337f89
 def _die_with_parent(parent: Optional[int]):
-    "Make this worker exit when its parent dies, SIGKILL included: Linux PR_SET_PDEATHSIG, and everywhere a thread that watches the parent's pid."
+    "This worker exits when its parent dies, SIGKILL included: PR_SET_PDEATHSIG on Linux, a thread watching the pid."
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -240,12 +288,12 @@ def _die_with_parent(parent: Optional[int]):
 
 _WORKER: dict = {}
 def _init_forked(parent: Optional[int] = None):
-    "Set-up of a forked worker: it inherited the encoder (and none of the parent's S3 clients: chapter Storage drops them in a child)."
+    "Set-up of a forked worker: it inherited the encoder (and no S3 client: chapter 00b_storage drops them in a child)."
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
 
 def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
-    "Worker set-up from plain data (picklable from a notebook); the worker rebuilds the parent's exact backend tokenizer from its JSON."
+    "Worker set-up from plain data (picklable from a notebook): the parent's exact backend tokenizer, from its JSON."
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
     from dflash_nb.config import from_dict
@@ -262,24 +310,32 @@ def _run_task(task: dict, out_dir: str) -> tuple[dict, float, float]:
 # %% ../nbs/01c_shards.ipynb #91b099ca
 def _degenerate_message(a: dict) -> str:
     d, p = a["degenerate"], a["loss_tokens_percentiles"]
-    return (f"{d['count']:,} of {a['samples']:,} samples ({d['share']:.1%}) have fewer than {d['min_loss_tokens']} loss tokens, over the "
-            f"limit of {d['max_fraction']:.0%} (max_degenerate_fraction). The loss mask covers only what the model generates, and "
-            f"here the median sample has {p.get('p50', 0)} such tokens; {a['empty_reasoning']['share']:.0%} of samples have empty "
+    return (f"{d['count']:,} of {a['samples']:,} samples ({d['share']:.1%}) have fewer than {d['min_loss_tokens']} "
+            "loss tokens, over the "
+            f"limit of {d['max_fraction']:.0%} (max_degenerate_fraction). The loss mask covers only what the model "
+            "generates, and "
+            f"here the median sample has {p.get('p50', 0)} such tokens; {a['empty_reasoning']['share']:.0%} of "
+            "samples have empty "
             f"reasoning. A drafter trained on this learns almost nothing. "
             f"Check that the reasoning field is read (DataConfig.field_map), fix the data, or pass --force to keep the "
             f"good samples anyway (degenerate samples are always dropped).")
 
 def _dropped_message(a: dict) -> str:
     d = a["dropped"]
-    first = next((e for ex in a["malformed"]["examples"].values() for e in ex), None) or next(iter(a["duplicates"]["examples"]), "")
-    return (f"{d['count']:,} of {a['records']:,} records ({d['share']:.1%}) were dropped, over the limit of {d['max_fraction']:.0%} "
-            f"(max_malformed_fraction): " + ", ".join(f"{k} {v:,}" for k, v in d["by_reason"].items()) + f" (e.g. {first}). "
-            f"Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force to keep the good samples.")
+    malformed = (e for ex in a["malformed"]["examples"].values() for e in ex)
+    first = next(malformed, None) or next(iter(a["duplicates"]["examples"]), "")
+    reasons = ", ".join(f"{k} {v:,}" for k, v in d["by_reason"].items())
+    return (f"{d['count']:,} of {a['records']:,} records ({d['share']:.1%}) were dropped, over the limit of "
+            f"{d['max_fraction']:.0%} (max_malformed_fraction): {reasons} (e.g. {first}). "
+            "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
+            "to keep the good samples.")
 
 def _stripped_message(a: dict) -> str:
     r = a["reasoning_stripped"]
-    return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with thinking off does "
-            f"not render, so it was stripped, over the limit of {r['max_fraction']:.0%} (max_stripped_reasoning_fraction). To train "
+    return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
+            "thinking off does "
+            f"not render, so it was stripped, over the limit of {r['max_fraction']:.0%} "
+            "(max_stripped_reasoning_fraction). To train "
             f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
 
 def _atomic_json(path: Path, obj):
@@ -288,7 +344,7 @@ def _atomic_json(path: Path, obj):
 # %% ../nbs/01c_shards.ipynb #bc54484d
 def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1,
                shown=None) -> tuple[dict, float, float]:   # shown: a dflash_nb.progress.Progress counting shards
-    "Write the shards of `todo`, in this process (one worker) or a pool of spawned ones: (stats by index, busy s, CPU s)."
+    "Write the shards of `todo` here (one worker) or in a pool: (stats by index, busy seconds, CPU seconds)."
     stats, busy, cpu = {}, 0.0, 0.0
     def done(st):
         "Count one written shard; show the records and tokens per second so far."
@@ -305,31 +361,43 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
             for t in todo:
                 t1, c1 = time.perf_counter(), time.process_time()
                 done(write_shard(t, out_dir, enc, cfg))
-                busy += time.perf_counter() - t1; cpu += time.process_time() - c1
+                busy += time.perf_counter() - t1
+                cpu += time.process_time() - c1
         finally:
             if prev is None: os.environ.pop("TOKENIZERS_PARALLELISM", None)
             else: os.environ["TOKENIZERS_PARALLELISM"] = prev
     elif todo:
         import multiprocessing as mp
-        mod = importlib.import_module("dflash_nb.shards")   # the workers run the package's code, also when called from a notebook
-        method = cfg.start_method if cfg.start_method != "auto" else "fork" if sys.platform.startswith("linux") else "spawn"
-        parent = None if method == "forkserver" else os.getpid()   # workers exit when it dies (a forkserver's workers: when the server does)
+        mod = importlib.import_module(
+            "dflash_nb.shards"
+        )  # the workers run the package's code, also when called from a notebook
+        auto = "fork" if sys.platform.startswith("linux") else "spawn"
+        method = cfg.start_method if cfg.start_method != "auto" else auto
+        parent = (
+            None if method == "forkserver" else os.getpid()
+        )  # workers exit when it dies (a forkserver's workers: when the server does)
         if method == "fork":                              # children inherit the ready encoder: no start-up cost
             mod._WORKER.update(cfg=cfg, encoder=SampleEncoder(tokenizer, cfg))
             init, initargs = mod._init_forked, (parent,)
         else:                                             # fresh interpreters rebuild it from plain data
             init, initargs = mod._init_worker, (dataclasses.asdict(TokenizerSpec.of(tokenizer)), to_dict(cfg), parent)
         try:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=init, initargs=initargs) as pool:
-                for st, dt, dc in pool.map(mod._run_task, [dataclasses.asdict(t) for t in todo], [str(out_dir)] * len(todo)):
-                    done(st); busy += dt; cpu += dc
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context(method), initializer=init,
+                                     initargs=initargs) as pool:
+                for st, dt, dc in pool.map(mod._run_task, [dataclasses.asdict(t) for t in todo],
+                                           [str(out_dir)] * len(todo)):
+                    done(st)
+                    busy += dt
+                    cpu += dc
         finally:
             mod._WORKER.clear()
     return stats, busy, cpu
 
 # %% ../nbs/01c_shards.ipynb #8984333d
 # the files this program writes, and their temp files (`.NAME.tmp-PID`, chapter Storage; `.NAME.tmpPID` before it)
-_OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp-?\d+)\Z")
+_OWN = re.compile(
+    r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp-?\d+)\Z"
+)
 
 def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     """Check, touching nothing, that `out_dir` may receive data set `ds`: it is missing or empty, holds this data set (a
@@ -347,8 +415,12 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
         if not _OWN.match(p.name) or p.name.startswith("."): continue
         if p.name.endswith(".json"):
             try: m = json.loads(p.read_text())
-            except (OSError, ValueError): unknown.append(p); continue
-            if not (isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/")): unknown.append(p); continue
+            except (OSError, ValueError):
+                unknown.append(p)
+                continue
+            if not (isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/")):
+                unknown.append(p)
+                continue
             ids.add(m.get("dataset_id") or "an older format")
         else:
             st = shard_stats(p)
@@ -362,37 +434,44 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
         ours.append(p)
     others = ids - {ds}
     if unknown:   # never deleted nor overwritten, whatever its name: it may be someone's
-        raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data (or is damaged); "
+        raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data (or is "
+                          "damaged); "
                           f"choose another directory or move it away yourself")
     if others and not replace:
-        raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): made from other "
-                          f"inputs, or with another tokenizer, chat template or content setting. Choose another directory, or pass --replace to replace it "
+        raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): "
+                          "made from other "
+                          "inputs, or with another tokenizer, chat template or content setting. Choose another "
+                          "directory, or pass --replace to replace it "
                           f"(only the shards and manifest this program wrote are deleted)")
     return ours if others else []
 
 # %% ../nbs/01c_shards.ipynb #595811a8
-def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True, **overrides) -> dict:
-    "Tokenize JSONL `inputs` (paths, globs, dirs, s3:// URIs) with the tokenizer in `tokenizer_dir` (or a loaded one) into Arrow shards + manifest.json in `out_dir`; returns the manifest."
+def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True,
+                     **overrides) -> dict:
+    "Tokenize JSONL `inputs` (paths, globs, dirs, s3://) into Arrow shards and a manifest in `out_dir`; the manifest."
     cfg = validate_config(dataclasses.replace(cfg or DataConfig(), **overrides))
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
     # ---- everything is checked before anything in out_dir is touched ----------------------------------------------
-    tok = tokenizer_dir if hasattr(tokenizer_dir, "backend_tokenizer") else load_tokenizer(tokenizer_dir)   # a directory, or a loaded tokenizer
+    tok = (
+        tokenizer_dir if hasattr(tokenizer_dir, "backend_tokenizer") else load_tokenizer(tokenizer_dir)
+    )  # a directory, or a loaded tokenizer
     SampleEncoder(tok, cfg)                                      # a template and an end of turn to render with
     tkw, parts = cfg.template_kwargs(), tokenizer_parts(tok)
     fps = {"tokenizer": sha256_hex(json.dumps(parts, sort_keys=True))[:16], "template": template_fingerprint(tok, tkw)}
     files = list_inputs(inputs, cfg)
     ins = input_fingerprints(files, cfg)
-    fps["inputs"] = input_id(ins)                                # other inputs make another data set (its id covers them)
+    fps["inputs"] = input_id(ins)  # other inputs make another data set (its id covers them)
     tasks = plan_shards(files, cfg, fps)
     ds = dataset_id(cfg, fps)
     remove = _claim_out_dir(out_dir, ds, cfg.replace)
     # ---- now the directory is ours ----------------------------------------------------------------------------------
     out_dir.mkdir(parents=True, exist_ok=True)
     for p in remove: p.unlink(missing_ok=True)                   # another data set of ours, replaced as asked
-    (out_dir / "manifest.json").unlink(missing_ok=True)          # a directory without manifest is not a finished data set
-    for p in out_dir.glob(".*.tmp*"):                            # leftovers of a killed run: only names this program writes
-        if _OWN.match(p.name): p.unlink()
+    (out_dir / "manifest.json").unlink(missing_ok=True)  # a directory without manifest is not a finished data set
+    for p in out_dir.glob(".*.tmp*"):  # leftovers of a killed run: only names this program writes
+        if _OWN.match(p.name):
+            p.unlink()
     stats = {t.index: s for t in tasks if (s := shard_stats(shard_path(out_dir, t.index))) and s["key"] == t.key}
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))
@@ -409,26 +488,33 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     a = audit(ordered, lengths, cfg, dup_info)
     seconds = time.perf_counter() - t0
     new_tokens = sum(stats[t.index]["tokens"] for t in todo)
-    run = {"seconds": round(seconds, 3), "work_seconds": round(t_work, 3), "busy_seconds": round(busy, 3), "cpu_seconds": round(cpu, 3), "workers": workers if todo else 0, "shards": len(tasks),
+    run = {"seconds": round(seconds, 3), "work_seconds": round(t_work, 3), "busy_seconds": round(busy, 3),
+           "cpu_seconds": round(cpu, 3), "workers": workers if todo else 0, "shards": len(tasks),
            "shards_skipped": len(tasks) - len(todo), "tokens_per_s": round(new_tokens / max(t_work, 1e-9), 1),
            "tokens_per_s_per_worker": round(new_tokens / max(t_work, 1e-9) / max(1, workers), 1)}
-    manifest = {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"], "tokenizer_parts": parts,
+    manifest = {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"],
+                "tokenizer_parts": parts,
                 "template_fingerprint": fps["template"], "template_kwargs": tkw, "input_id": fps["inputs"],
                 "config": {k: v for k, v in to_dict(cfg).items() if k in CONTENT_FIELDS},
                 "inputs": ins,
-                "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"], "lines": s["lines"],
-                            "samples": s["kept"], "tokens": s["tokens"], "loss_tokens": s["loss_tokens"]} for s in ordered],
+                "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"],
+                            "lines": s["lines"],
+                            "samples": s["kept"], "tokens": s["tokens"],
+                            "loss_tokens": s["loss_tokens"]} for s in ordered],
                 "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
                 "audit": a, "forced": False, "run": run}
     if verbose:
         print(format_audit(a, f"dflash_nb.data audit: {len(files)} input file(s), {len(tasks)} shard(s) in {out_dir}"))
-        print(f"  {'throughput':<26}{run['tokens_per_s']:>12,.0f} tokens/s, {run['tokens_per_s_per_worker']:,.0f} per worker "
-              f"({run['workers']} worker(s), {run['shards_skipped']} shard(s) already done, {t_work:.1f} s of {seconds:.1f} s)")
+        print(f"  {'throughput':<26}{run['tokens_per_s']:>12,.0f} tokens/s, {run['tokens_per_s_per_worker']:,.0f} per "
+              "worker "
+              f"({run['workers']} worker(s), {run['shards_skipped']} shard(s) already done, {t_work:.1f} s of "
+              f"{seconds:.1f} s)")
     problems = []
     if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
     if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
     if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
-    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction: problems.append(_stripped_message(a))
+    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction:
+        problems.append(_stripped_message(a))
     if problems and not cfg.force:
         _atomic_json(out_dir / "audit.json", manifest)
         raise DataAuditError("data audit failed: " + " ".join(problems) + f" (audit saved to {out_dir / 'audit.json'})")
@@ -439,7 +525,7 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
 
 # %% ../nbs/01c_shards.ipynb #c2fd000e
 def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tuple[dict, dict, np.ndarray]:
-    "Rows whose sample repeats an earlier one (in plan order, so for any worker count): ({shard: rows}, audit numbers, kept loss lengths)."
+    "Rows repeating an earlier sample, in plan order: ({shard: rows}, audit numbers, kept loss lengths)."
     seen, dups = set(), {}
     for s in ordered:
         for r, h in enumerate(s["row_hashes"]):
@@ -452,8 +538,12 @@ def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tup
         rows = dups.get(s["index"])
         if rows:
             n_tok, src = _column(path, "n_tokens"), _column(path, "source")
-            info["count"] += len(rows); info["tokens"] += int(n_tok[rows].sum()); info["loss_tokens"] += int(n_loss[rows].sum())
-            info["examples"] += [f"{src[r]}: duplicate: the same conversation as an earlier sample" for r in rows[:cfg.max_examples]]
+            info["count"] += len(rows)
+            info["tokens"] += int(n_tok[rows].sum())
+            info["loss_tokens"] += int(n_loss[rows].sum())
+            info["examples"] += [
+                f"{src[r]}: duplicate: the same conversation as an earlier sample" for r in rows[: cfg.max_examples]
+            ]
             n_loss = np.delete(n_loss, rows)
         lengths.append(n_loss)
     return dups, info, np.concatenate(lengths or [np.zeros(0)])
@@ -463,7 +553,8 @@ def _column(path: Path, name: str) -> np.ndarray:
         with pa.memory_map(str(path)) as src:
             t = pa.ipc.open_file(src).read_all()
     except (OSError, pa.ArrowException) as err:
-        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m dflash_nb.data to rebuild it") from None
+        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m "
+                               "dflash_nb.data to rebuild it") from None
     if not t.num_rows: return np.zeros(0, dtype=np.int32)
     col = t.column(name)
     return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
@@ -474,10 +565,13 @@ def load_manifest(out_dir) -> dict:
     p = Path(out_dir) / "manifest.json"
     if not p.is_file():
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
-        raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python -m dflash_nb.data")
+        raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python "
+                                "-m dflash_nb.data")
     try: m = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as err: raise CorruptFileError(f"{p}: not a readable manifest ({err}); rerun python -m dflash_nb.data") from None
-    if not isinstance(m, dict) or not isinstance(m.get("shards"), list): raise CorruptFileError(f"{p}: not a dflash_nb.data manifest")
+    except (ValueError, UnicodeDecodeError) as err: raise CorruptFileError(f"{p}: not a readable manifest ({err}); "
+                                                                           "rerun python -m dflash_nb.data") from None
+    if not isinstance(m, dict) or not isinstance(m.get("shards"),
+                                                 list): raise CorruptFileError(f"{p}: not a dflash_nb.data manifest")
     return m
 
 # %% ../nbs/01c_shards.ipynb #a5ee8f5e
@@ -489,7 +583,7 @@ def check_template(
     tokenizer,       # the target's tokenizer
     data_dir=None,   # the data set's directory: the message then says that training on it is refused
 ):
-    "Raise `DataMismatchError` saying what differs when the data set was rendered with another chat template (or settings) or another tokenizer than `tokenizer`'s."
+    "`DataMismatchError`, saying what differs, when the data was made with another template or tokenizer."
     kw = manifest.get("template_kwargs") or {}
     fp = template_fingerprint(tokenizer, kw)
     ours, theirs = tokenizer_parts(tokenizer), manifest.get("tokenizer_parts")
@@ -497,7 +591,8 @@ def check_template(
         diff = [] if manifest.get("tokenizer_fingerprint") == tokenizer_fingerprint(tokenizer) else ["fingerprint"]
     else: diff = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
     if manifest.get("template_fingerprint") != fp:
-        why = (f"the data was made with another chat template ({manifest.get('template_fingerprint')}) than the target's "
+        why = (f"the data was made with another chat template ({manifest.get('template_fingerprint')}) than the "
+               "target's "
                f"({fp}, rendered with {kw}): re-tokenize it with the target's tokenizer")
     elif diff:
         why = (f"the data was made with another tokenizer than the target's (different: {', '.join(diff)}): "
@@ -508,7 +603,7 @@ def check_template(
 
 # %% ../nbs/01c_shards.ipynb #480c1f78
 class ShardDataset:
-    "The samples of a tokenized data set, memory-mapped: `len`, `ds[i]` -> dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source); duplicates left out."
+    "A tokenized data set, memory-mapped: `ds[i]` is dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source)."
     def __init__(self, out_dir):
         self.manifest = load_manifest(out_dir)
         self.tables = []
@@ -516,13 +611,21 @@ class ShardDataset:
             p = Path(out_dir) / s["file"]
             try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(p))).read_all())
             except (OSError, pa.ArrowException) as err:
-                raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m dflash_nb.data to rebuild it") from None
+                raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python "
+                                       "-m dflash_nb.data to rebuild it") from None
             _check_shard(p, self.tables[-1], self.manifest, len(self.tables) - 1)
         self.starts = np.cumsum([0] + [t.num_rows for t in self.tables])
         dup = self.manifest.get("duplicates") or {}
-        self.index = np.concatenate([np.delete(np.arange(t.num_rows), dup.get(s["file"], [])) + int(o)
-                                     for t, s, o in zip(self.tables, self.manifest["shards"], self.starts)] or [np.zeros(0, np.int64)])
-        lengths = np.concatenate([t.column("n_tokens").to_numpy() for t in self.tables if t.num_rows] or [np.zeros(0, np.int32)])
+        self.index = np.concatenate(
+            [
+                np.delete(np.arange(t.num_rows), dup.get(s["file"], [])) + int(o)
+                for t, s, o in zip(self.tables, self.manifest["shards"], self.starts)
+            ]
+            or [np.zeros(0, np.int64)]
+        )
+        lengths = np.concatenate(
+            [t.column("n_tokens").to_numpy() for t in self.tables if t.num_rows] or [np.zeros(0, np.int32)]
+        )
         self.lengths = lengths[self.index]
 
     def __len__(self): return len(self.index)
@@ -535,8 +638,10 @@ class ShardDataset:
         g = int(self.index[i])
         s = int(np.searchsorted(self.starts, g, "right")) - 1
         t, j = self.tables[s], g - int(self.starts[s])
-        return {"input_ids": t.column("input_ids")[j].values.to_numpy().tolist(), "loss_mask": t.column("loss_mask")[j].values.to_numpy().tolist(),
-                "n_tokens": t.column("n_tokens")[j].as_py(), "n_loss_tokens": t.column("n_loss_tokens")[j].as_py(), "source": t.column("source")[j].as_py()}
+        return {"input_ids": t.column("input_ids")[j].values.to_numpy().tolist(),
+                "loss_mask": t.column("loss_mask")[j].values.to_numpy().tolist(),
+                "n_tokens": t.column("n_tokens")[j].as_py(), "n_loss_tokens": t.column("n_loss_tokens")[j].as_py(),
+                "source": t.column("source")[j].as_py()}
 
     def __iter__(self):
         for i in range(len(self)): yield self[i]
@@ -549,8 +654,10 @@ def _check_shard(path: Path, table, manifest: dict, index: int):
     except (KeyError, ValueError): st = {}
     if st.get("dataset") != ds or st.get("index") != index:
         what = f"data set {st.get('dataset')}" if st.get("dataset") != ds else f"position {st.get('index')}"
-        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard {index}): refusing to "
-                                f"train on a mix; rerun python -m dflash_nb.data with the data set's inputs to rebuild it")
+        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard "
+                                f"{index}): refusing to "
+                                "train on a mix; rerun python -m dflash_nb.data with the data set's inputs to "
+                                "rebuild it")
 
 def read_shards(out_dir) -> ShardDataset:
     "The samples of the finished tokenization run in `out_dir` (list-like, memory-mapped)."
