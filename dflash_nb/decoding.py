@@ -277,6 +277,7 @@ def _as_features(target, layer_ids):
     if layer_ids is None: raise ValueError("a bare target model needs layer_ids (the drafter's target_layer_ids)")
     return TargetFeatures(target, layer_ids)
 
+# %% ../nbs/09_decoding.ipynb #3ca392fc
 def acceptance_length(
     drafter,                  # DFlashDrafter, or a proposer (anything with .propose(input_ids, features, anchors))
     target,                   # TargetFeatures, or a transformers CausalLM (tapped at the drafter's target_layer_ids)
@@ -464,6 +465,7 @@ def _drafter_generator(proposer, gen, pdev):
         g = proposer._gen = torch.Generator(device=pdev).manual_seed(seed)
     return g
 
+# %% ../nbs/09_decoding.ipynb #e9dbef2a
 @torch.inference_mode()
 def speculative_generate(
     drafter,               # DFlashDrafter or a proposer (.propose)

@@ -65,6 +65,7 @@ def _glob_regex(pattern: str) -> "re.Pattern":
             i += 1
     return re.compile("".join(out) + r"\Z")
 
+# %% ../nbs/01b_inputs.ipynb #e7f61cb6
 def _walk_files(base: Path):
     "Files below `base` (hidden entries skipped), following directory links but into no directory twice (loops)."
     seen, stack = set(), [base]
@@ -355,6 +356,7 @@ def _mixed(r, n_chars: int) -> str:
         parts.append(p)
         size += len(p) + 2
 
+# %% ../nbs/01b_inputs.ipynb #33541a25
 def synthetic_records(n: int, seed: int = 0, approx_tokens: int = 2000) -> list[dict]:
     "`n` deterministic thinking-mode records (prose, code, math) of about `approx_tokens` tokens, in the three shapes."
     r, out, c = random.Random(seed), [], approx_tokens * 4.15     # ~4.15 characters per Qwen3 token on this mix

@@ -18,6 +18,7 @@ __all__ = ['PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMP
 class PromptFileError(ValueError):
     "A prompt file that can't be read: the message names the file and line."
 
+# %% ../nbs/01d_prompts.ipynb #2c6df67f
 def _user(rec: dict, key: str) -> str:
     "The non-empty string in `rec[key]`, or a RecordError naming the field."
     from dflash_nb.data import RecordError
@@ -63,6 +64,7 @@ def _alpaca_text(rec: dict) -> str:
 
 def _single(text: str) -> tuple[list, list]: return [{"role": "user", "content": text}], []
 
+# %% ../nbs/01d_prompts.ipynb #2819f7af
 PROMPT_ROLES = ("system", "user", "assistant", "tool")  # roles a prompt may hold; others (e.g. "narrator") are refused
 HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"  # its prompt is a code stub
 

@@ -130,6 +130,7 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
     _write_shard_file(shard_path(out_dir, task.index), batches, st)
     return st
 
+# %% ../nbs/01c_shards.ipynb #917079ec
 def _read_range(task: ShardTask, cfg: DataConfig):
     "The lines of `task`'s byte range; a file or object that cannot be read is an `InputError` naming it."
     try:
