@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from dflash_nb.evaluate import ForcedProposer, greedy_generate, speculative_generate
+from dflash_nb.decoding import ForcedProposer, greedy_generate, speculative_generate
 from dflash_nb.target import tiny_target
 
 B, N_NEW, LAYERS, LAYER_IDS = 16, 64, 8, [1, 4, 6]

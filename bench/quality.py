@@ -96,7 +96,8 @@ def prompts_for(n_train: int, n_held: int) -> tuple[list, list]:
 def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA["max_new_tokens"], log=print) -> dict:
     "The target and its tokenized train / held-out completions (generated once, reused from `work`)."
     from dflash_nb.target import tiny_target
-    from dflash_nb.data import DataConfig, tokenize_dataset, qwen3_tokenizer_dir, load_tokenizer
+    from dflash_nb.data import DataConfig, qwen3_tokenizer_dir, load_tokenizer
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.train import regenerate
     from dflash_nb.config import from_dict
     d = work / f"data-{n_train}-{n_held}-{max_new_tokens}"
@@ -136,7 +137,7 @@ def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eva
     from dflash_nb.config import from_dict
     from dflash_nb.trainer import TrainConfig, train, load_samples
     from dflash_nb.target import TargetFeatures
-    from dflash_nb.evaluate import acceptance_length
+    from dflash_nb.decoding import acceptance_length
     t = variant_config(setup, variant)
     run_dir = work / "runs" / f"{name}-{vname}-s{seed}-{os.getpid()}"
     cfg = from_dict(TrainConfig, {**t, "run_dir": str(run_dir), "data_dir": str(data["train_dir"]), "seed": seed,

@@ -18,7 +18,7 @@ For reference the script also times the tokenizer's own multi-threaded `encode_b
 Targets (2-core machine): >= 300,000 tokens/s per worker end to end, >= 0.5 of the
 ceiling, and the second worker adding >= 70% of the first's throughput. The data (thinking-mode conversations of about
 2,000 tokens, a mix of prose, code and math, in the three record shapes) is generated deterministically by
-`dflash_nb.data.synthetic_records`. The machine's load average is recorded before and after: the development machines
+`dflash_nb.inputs.synthetic_records`. The machine's load average is recorded before and after: the development machines
 are shared, and a loaded machine lowers every figure, the 2-worker scaling most. Where the kernel shares the CPU fairly
 between sessions (Linux autogroup, /proc/sys/kernel/sched_autogroup_enabled = 1), all processes of this benchmark
 together get one session's share, so while other sessions are busy a second worker cannot add throughput at all;
@@ -45,8 +45,9 @@ def main():
     a = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"             # the ceiling is single-threaded, as one worker is
     sys.path.insert(0, str(ROOT))
-    from dflash_nb.data import (DataConfig, SampleEncoder, load_tokenizer, normalize_record, qwen3_tokenizer_dir,
-                                synthetic_records, tokenize_dataset, write_jsonl)
+    from dflash_nb.data import DataConfig, SampleEncoder, load_tokenizer, normalize_record, qwen3_tokenizer_dir
+    from dflash_nb.inputs import synthetic_records, write_jsonl
+    from dflash_nb.shards import tokenize_dataset
 
     load_before = os.getloadavg()
     tok_dir = qwen3_tokenizer_dir()

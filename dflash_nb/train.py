@@ -149,7 +149,7 @@ def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_t
 # %% ../nbs/11_train.ipynb #18f62b2f
 def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
     "τ (and per-position acceptance) of `drafter` on up to `num_samples` held-out samples (the decoding walk)."
-    from dflash_nb.evaluate import acceptance_length
+    from dflash_nb.decoding import acceptance_length
     from dflash_nb.trainer import load_samples
     was = drafter.training
     drafter.eval()
@@ -198,7 +198,8 @@ def _tokenized(key: str, data_dir):
 
 def check_run(cfg: RunConfig):
     "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
-    from dflash_nb.data import load_tokenizer, list_inputs
+    from dflash_nb.data import load_tokenizer
+    from dflash_nb.inputs import list_inputs
     tc, rg = cfg.train, cfg.regenerate
     if tc.target.path is not None and not Path(tc.target.path).is_dir():
         raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
@@ -259,7 +260,7 @@ def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
 def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
                  reuse_from=()) -> tuple[Optional[str], Optional[str]]:   # earlier run dirs with completions to reuse
     "Regenerate (or reuse matching completions) and/or tokenize; returns (train data dir, held-out data dir)."
-    from dflash_nb.data import tokenize_dataset
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.checkpoint import preflight_run_dir
     run_dir, tc = Path(cfg.train.run_dir), cfg.train
     preflight_run_dir(tc)          # a run dir the trainer would refuse is refused before anything is written into it

@@ -18,7 +18,7 @@ from .checkpoint import (CheckpointConfig, CheckpointError, FaultConfig, RUN_FIL
                                   newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
                                   resume_changes, rng_state, save_checkpoint, set_rng_state, step_dirs, step_of)
 from .s3sync import S3Uploader, download_checkpoint
-from .data import check_template   # refuses data made with another chat template or tokenizer
+from .shards import check_template   # refuses data made with another chat template or tokenizer
 from .build import (   # chapter Build: devices, precision, the target and the drafter
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
@@ -358,7 +358,7 @@ def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
 # %% ../nbs/08_trainer.ipynb #c205f64a
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, `ds[i]` → {input_ids, loss_mask}, with `.lengths`."
-    from dflash_nb.data import read_shards
+    from dflash_nb.shards import read_shards
     return read_shards(data_dir)
 
 # %% ../nbs/08_trainer.ipynb #1fcfb465
@@ -451,7 +451,8 @@ def build_run(cfg: TrainConfig,
               log_prefix: str = "",
               locks: Optional[list] = None) -> Run:   # the run dir's lock is appended here (the caller releases it)
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
-    from dflash_nb.data import load_manifest, load_tokenizer
+    from dflash_nb.data import load_tokenizer
+    from dflash_nb.shards import load_manifest
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, local_rank = dist_env()

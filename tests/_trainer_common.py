@@ -19,7 +19,9 @@ TINY = {
 
 def make_data(out_dir, n=24, seed=0, tokenizer_dir=None):
     "Tokenize `n` synthetic conversations with the real pipeline (dflash_nb.data) into `out_dir`."
-    from dflash_nb.data import synthetic_records, write_jsonl, tokenize_dataset, qwen3_tokenizer_dir, DataConfig
+    from dflash_nb.data import qwen3_tokenizer_dir, DataConfig
+    from dflash_nb.inputs import synthetic_records, write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     out_dir = Path(out_dir)
     src = write_jsonl(synthetic_records(n, seed=seed, approx_tokens=40), out_dir.parent / f"{out_dir.name}.jsonl")
     tokenize_dataset([str(src)], tokenizer_dir or qwen3_tokenizer_dir(), out_dir, DataConfig(workers=1, max_seq_len=160, min_loss_tokens=8), verbose=False)

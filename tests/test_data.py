@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
-from dflash_nb.data import (DataAuditError, DataConfig, DataMismatchError, OutDirError, SampleEncoder, check_template, conversation_samples, load_manifest,
-                            load_tokenizer, normalize_record, qwen3_tokenizer_dir, read_shards, shard_path, synthetic_records,
-                            template_fingerprint, tokenize_dataset, write_jsonl)
+from dflash_nb.data import (DataConfig, SampleEncoder, conversation_samples, load_tokenizer, normalize_record,
+                            qwen3_tokenizer_dir, template_fingerprint)
+from dflash_nb.inputs import synthetic_records, write_jsonl
+from dflash_nb.shards import (DataAuditError, DataMismatchError, OutDirError, check_template, load_manifest,
+                              read_shards, shard_path, tokenize_dataset)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +96,7 @@ def test_mask_property(tok, prompt, reasoning, content):
 
 
 def seed_failure_data(path: Path) -> Path:
-    "The seed project's failure: 87% of samples with empty reasoning and a 3-token answer."
+    "A degenerate data set: 87% of samples with empty reasoning and a 3-token answer."
     recs = [{"prompt": f"Is {i} even?", "completion": ["Yes it is", "No it isn't"][i % 2]} for i in range(87)]
     return write_jsonl(recs + synthetic_records(13, seed=3, approx_tokens=300), path)
 

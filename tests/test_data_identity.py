@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dflash_nb.data import (DataMismatchError, OutDirError, load_manifest, qwen3_tokenizer_dir, read_shards, shard_path,
-                            synthetic_records, tokenize_dataset, write_jsonl)
+from dflash_nb.data import qwen3_tokenizer_dir
+from dflash_nb.inputs import synthetic_records, write_jsonl
+from dflash_nb.shards import DataMismatchError, OutDirError, load_manifest, read_shards, shard_path, tokenize_dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _trainer_common import train_cfg   # noqa: E402

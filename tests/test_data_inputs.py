@@ -6,10 +6,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_nb import data as D
-from dflash_nb.data import (CorruptFileError, DataAuditError, DataConfig, DataMismatchError, InputError, OutDirError, check_template,
-                            list_inputs, load_manifest, load_tokenizer, qwen3_tokenizer_dir, read_shards, shard_path, synthetic_records,
-                            template_fingerprint, tokenize_dataset, write_jsonl)
+from dflash_nb import inputs as inputs_mod
+from dflash_nb.data import DataConfig, load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
+from dflash_nb.inputs import InputError, list_inputs
+from dflash_nb.inputs import synthetic_records, write_jsonl
+from dflash_nb.shards import (CorruptFileError, DataAuditError, DataMismatchError, OutDirError, check_template,
+                              load_manifest, read_shards, shard_path, tokenize_dataset)
 from dflash_nb.config import ConfigError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -54,7 +56,7 @@ def test_preserve_thinking_renders_earlier_reasoning_and_changes_the_fingerprint
     # the generation prompt of a Qwen3.6-style template opens the thinking block: the mask starts after it
     assert g0 == g1 == f"{R2}\n</think>\n\n{C2}<|im_end|>"
     assert R1 not in p0 and f"<think>\n{R1}\n</think>\n\n{C1}" in p1      # earlier reasoning only with preserve_thinking
-    conv = D.normalize_record(MULTI)
+    conv = normalize_record(MULTI)
     assert p1 == tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True, preserve_thinking=True)
     r = subprocess.run([sys.executable, "-m", "dflash_nb.data", "--input", "x", "--tokenizer", str(q36), "--out", str(tmp_path / "o"),
                         "--chat-template-kwargs", "[1]"], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -150,11 +152,11 @@ def test_inputs_symlink_loop_same_file_once_and_unreadable_named(tmp_path, monke
     assert [f.name for f in files] == ["a.jsonl", "sub/b.jsonl"]
     with pytest.raises(InputError, match="does not exist"):
         list_inputs(str(tmp_path / "nope.jsonl"))
-    real_open = D.open_input                                   # fault injection: one input cannot be read
+    real_open = inputs_mod.open_input                                   # fault injection: one input cannot be read
     def failing(f, start=0, cfg=None):
         if f.name == "sub/b.jsonl": raise PermissionError(13, "Permission denied", f.uri)
         return real_open(f, start, cfg)
-    monkeypatch.setattr(D, "open_input", failing)
+    monkeypatch.setattr(inputs_mod, "open_input", failing)
     with pytest.raises(InputError, match=f"input {d / 'sub' / 'b.jsonl'}: cannot read it: PermissionError"):
         tokenize_dataset(str(d), qwen3_tokenizer_dir(), tmp_path / "out", workers=1, verbose=False)
 
@@ -169,7 +171,7 @@ def _cli(*args):
 
 
 def test_out_dir_is_never_destroyed(tmp_path):
-    "Issue 10: the data CLI deletes nothing it did not write and touches nothing before its arguments are checked."
+    "The data CLI deletes nothing it did not write and touches nothing before its arguments are checked."
     write_jsonl(synthetic_records(3, seed=6, approx_tokens=100), tmp_path / "in.jsonl")
     out = tmp_path / "out"
     tokenize_dataset(str(tmp_path / "in.jsonl"), qwen3_tokenizer_dir(), out, workers=1, shard_bytes=2000, verbose=False)

@@ -4,8 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_nb import data as D, storage
-from dflash_nb.data import DataConfig, InputError, list_inputs, qwen3_tokenizer_dir, synthetic_records, tokenize_dataset, write_jsonl
+from dflash_nb import inputs as inputs_mod, storage
+from dflash_nb.data import DataConfig, qwen3_tokenizer_dir
+from dflash_nb.inputs import InputError, list_inputs
+from dflash_nb.inputs import synthetic_records, write_jsonl
+from dflash_nb.shards import load_manifest, tokenize_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +41,7 @@ def test_listing_paginates_and_matches_local(dataset):
     local, bucket = dataset
     cfg = DataConfig(s3_page_size=2)
     calls = []
-    D._s3(cfg).meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
+    inputs_mod._s3(cfg).meta.events.register("before-call.s3.ListObjectsV2", lambda **kw: calls.append(1))
     files = list_inputs(f"s3://{bucket}/data/", cfg)
     assert _names(files) == _names(list_inputs(str(local))) == [(n, (local / n).stat().st_size) for n in ["a.jsonl", "b.jsonl", "empty.jsonl", "sub/c.jsonl"]]
     assert len(calls) >= 3                               # 5 keys under data/ at 2 per page
@@ -54,7 +57,7 @@ def test_streamed_read_survives_dropped_connections(dataset, monkeypatch):
     "Fault injection: the first streams die after a few KB; the reader reconnects at the byte where it stopped."
     local, bucket = dataset
     want = (local / "a.jsonl").read_bytes()
-    real_open, opens = D.S3RangeReader._open, []
+    real_open, opens = inputs_mod.S3RangeReader._open, []
 
     class Flaky:
         def __init__(self, body, limit): self.body, self.left = body, limit
@@ -70,17 +73,17 @@ def test_streamed_read_survives_dropped_connections(dataset, monkeypatch):
         opens.append(self.pos)
         if len(opens) <= 3: self.body = Flaky(self.body, 3000)
 
-    monkeypatch.setattr(D.S3RangeReader, "_open", flaky_open)
+    monkeypatch.setattr(inputs_mod.S3RangeReader, "_open", flaky_open)
     cfg = DataConfig(s3_backoff_s=0.01)
     f = list_inputs(f"s3://{bucket}/data/a.jsonl", cfg)[0]
-    with D.open_input(f, 100, cfg) as fh:
+    with inputs_mod.open_input(f, 100, cfg) as fh:
         assert fh.read() == want[100:]
     assert opens == [100, 3100, 6100, 9100]             # reopened exactly where each stream stopped
 
     opens.clear()
-    monkeypatch.setattr(D.S3RangeReader, "_open", lambda self: (_ for _ in ()).throw(ConnectionError("injected: endpoint down")))
+    monkeypatch.setattr(inputs_mod.S3RangeReader, "_open", lambda self: (_ for _ in ()).throw(ConnectionError("injected: endpoint down")))
     with pytest.raises(ConnectionError):
-        with D.open_input(f, 0, DataConfig(s3_backoff_s=0.001, s3_retries=2)) as fh: fh.read()
+        with inputs_mod.open_input(f, 0, DataConfig(s3_backoff_s=0.001, s3_retries=2)) as fh: fh.read()
 
 
 def test_s3_and_local_give_identical_shards(dataset, tmp_path, monkeypatch):
@@ -94,7 +97,7 @@ def test_s3_and_local_give_identical_shards(dataset, tmp_path, monkeypatch):
     assert r.returncode == 0, r.stderr
     secret = os.environ["AWS_SECRET_ACCESS_KEY"]
     assert secret not in r.stdout and secret not in r.stderr and os.environ["AWS_ACCESS_KEY_ID"] not in r.stdout + r.stderr
-    m_s3 = D.load_manifest(tmp_path / "s3")
+    m_s3 = load_manifest(tmp_path / "s3")
     assert m_s3["run"]["workers"] == 2 and len(m_s3["shards"]) > 3
     local_shards = {p.name: p.read_bytes() for p in (tmp_path / "local").glob("shard-*.arrow")}
     assert local_shards == {p.name: p.read_bytes() for p in (tmp_path / "s3").glob("shard-*.arrow")}

@@ -12,8 +12,9 @@ from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
 from dflash_nb.anchors import sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
 from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.loss import block_loss
-from dflash_nb.evaluate import (acceptance_length, speculative_generate, greedy_generate, walk_sample, DrafterProposer,
-                                ForcedProposer, compare_decoding)
+from dflash_nb.decoding import (acceptance_length, speculative_generate, greedy_generate, walk_sample,
+                                DrafterProposer, ForcedProposer)
+from dflash_nb.evaluate import compare_decoding
 
 REPO = Path(__file__).resolve().parents[1]
 B, N_NEW, N_PROMPTS = 8, 17, 20          # 17 = 1 (prefill) + 2·B: a forced-perfect drafter fills every cycle
@@ -178,7 +179,9 @@ def test_compare_decoding_reports(world):
 
 def test_cli(world, tmp_path):
     "`python -m dflash_nb.evaluate` on tokenized data and an exported drafter, as a real subprocess."
-    from dflash_nb.data import tokenize_dataset, write_jsonl, DataConfig
+    from dflash_nb.data import DataConfig
+    from dflash_nb.inputs import write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter
     recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight by air."}
             for i in range(3)]
@@ -208,7 +211,7 @@ def test_cli(world, tmp_path):
 
 # ---------------------------------------------------------------- speculative sampling is lossless (statistical test)
 import itertools, math
-from dflash_nb.evaluate import sample_generate, sampling_probs, rejection_verify
+from dflash_nb.decoding import sample_generate, sampling_probs, rejection_verify
 
 SV, SN, SB, SM = 4, 4, 4, 1500   # vocab, generated tokens (2 drafts verified in the first cycle), block size, runs
 
@@ -332,7 +335,8 @@ def test_sampling_temperature_zero_is_greedy(world):
 
 
 # ---------------------------------------------------------------- benchmark prompt sets
-from dflash_nb.evaluate import read_prompt_file, render_prompts, prompt_set_tau, PromptFileError
+from dflash_nb.prompts import read_prompt_file, render_prompts, PromptFileError
+from dflash_nb.evaluate import prompt_set_tau
 
 PROMPTS = REPO / "tests" / "data" / "prompts"
 
@@ -430,7 +434,8 @@ def test_bf16_target_with_fp32_drafter(world):
 
 
 # ---------------------------------------------------------------- hybrid targets: snapshot of the linear-attention state
-from dflash_nb.evaluate import snapshot_linear_state, restore_cache, format_drafts, show_drafts, main as eval_main
+from dflash_nb.decoding import snapshot_linear_state, restore_cache
+from dflash_nb.evaluate import format_drafts, show_drafts, main as eval_main
 
 HB, H_NEW = 4, 11   # block size, generated tokens on the hybrid target
 
@@ -468,7 +473,7 @@ class _SelfSampler:
     block_size = HB
     def __init__(self, model): self.model = model
     def propose_sampled(self, input_ids, features, anchors, temperature, top_p=1.0, top_k=0, generator=None, position_ids=None):
-        from dflash_nb.evaluate import sampling_probs
+        from dflash_nb.decoding import sampling_probs
         seq, qs = input_ids[: int(anchors[0]) + 1], []
         for _ in range(HB - 1):
             q = sampling_probs(self.model(input_ids=seq[None]).logits[0, -1], temperature, top_p, top_k)
@@ -514,7 +519,7 @@ def test_snapshot_equals_recompute(hybrid, proposer, temperature):
 def test_restore_cache_rolls_back_the_linear_state(hybrid):
     "After a block is fed and rolled back, feeding the kept part again gives the no-cache logits; without the restore it doesn't."
     from transformers import DynamicCache
-    from dflash_nb.evaluate import _model_kwargs_cache_name
+    from dflash_nb.decoding import _model_kwargs_cache_name
     t, x = hybrid["target"], hybrid["refs"][0][:30]
     want = t(input_ids=x[None, :24]).logits[0, -1]
     for restore in (True, False):
@@ -568,7 +573,7 @@ def test_snapshot_on_an_attention_only_target(hybrid):
 
 def test_forward_costs_on_a_hybrid_target(hybrid):
     "--speedup times the target on a block and rolls its cache back each time: the linear state by a snapshot."
-    from dflash_nb.evaluate import forward_costs
+    from dflash_nb.decoding import forward_costs
     c = forward_costs(hybrid["drafter"], hybrid["target"], hybrid["prompts"][0], HB, [0, 1], repeats=1)
     assert min(c[k] for k in ("target_1", "target_block", "drafter")) > 0 and c["prompt_tokens"] == len(hybrid["prompts"][0])
 
@@ -597,7 +602,9 @@ def test_format_drafts(hybrid):
 
 def test_cli_show_drafts(tmp_path, capsys):
     "`--show-drafts N` prints N held-out continuations (--data) or prompt-file continuations with the drafts marked."
-    from dflash_nb.data import tokenize_dataset, write_jsonl, DataConfig
+    from dflash_nb.data import DataConfig
+    from dflash_nb.inputs import write_jsonl
+    from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter
     recs = [{"prompt": f"Question {i}: why is the sky blue?", "completion": "Because of Rayleigh scattering of sunlight."}
             for i in range(3)]
@@ -614,7 +621,8 @@ def test_cli_show_drafts(tmp_path, capsys):
     res = eval_main(base + ["--prompts", str(PROMPTS / "math.jsonl"), "--temperature", "1"])
     assert res["drafts"].count("--- sample ") == 2 and "drafts at temperature 1" in capsys.readouterr().out
 # ---------------------------------------------------------------- benchmark files as people have them
-from dflash_nb.evaluate import read_prompt_specs, MultiTurn, answer_turns, detect_prompt_format, cli
+from dflash_nb.prompts import read_prompt_specs, MultiTurn, detect_prompt_format
+from dflash_nb.evaluate import answer_turns, cli
 import pyarrow as pa, pyarrow.parquet as pq
 
 # one record in each benchmark's published shape (the fields its public copies carry), reference answers included

@@ -12,7 +12,7 @@ import dflash.model as dflash_model   # the serving reference; `make install` in
 
 from dflash_nb.anchors import block_input_ids, block_position_ids
 from dflash_nb.attention import AnchorBlockLayout
-from dflash_nb.evaluate import speculative_generate
+from dflash_nb.decoding import speculative_generate
 from dflash_nb.export import export_drafter
 from dflash_nb.model import DFlashDrafter, DrafterConfig
 from dflash_nb.target import TargetFeatures, tiny_target

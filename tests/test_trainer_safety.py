@@ -392,7 +392,7 @@ def test_resume_auto_without_latest_uses_the_newest_complete_step_or_refuses(tmp
 
 def test_train_cli_refuses_the_run_dir_before_tokenizing(tmp_path, data_dir):
     "CLI with inputs=: a run dir that will be refused (checkpoints, no resume) is refused before any tokenizing."
-    from dflash_nb.data import synthetic_records, write_jsonl
+    from dflash_nb.inputs import synthetic_records, write_jsonl
     import yaml
     run = tmp_path / "run"
     train(train_cfg(run, data_dir, steps=2, checkpoint={"every": 2}))
