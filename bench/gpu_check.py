@@ -501,8 +501,7 @@ def _random_model(cls, cfg, dev, dtype):
 
 
 def hybrid_target(dev, dims, layers, dtype):
-    "A random-weight Qwen3.5/3.6-architecture CausalLM (3 Gated DeltaNet layers per full-attention layer) built on "
-    "`dev`."
+    "A random-weight Qwen3.5/3.6-architecture CausalLM (3 Gated DeltaNet layers per full-attention one) on `dev`."
     import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(layers)]

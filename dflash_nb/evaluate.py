@@ -222,30 +222,42 @@ def load_drafter_dir(
 
 # %% ../nbs/09_evaluate.ipynb #9d33bfe1
 def _tokenizer_for(spec: str, override=None):
-    "The target's tokenizer: --tokenizer, else the target directory, the bundled Qwen3 one for 'tiny', or a run config's."
+    "The target's tokenizer: --tokenizer, else the target dir's, the bundled Qwen3 one for 'tiny', or a run config's."
     from dflash_nb.data import load_tokenizer, qwen3_tokenizer_dir
-    if override: return load_tokenizer(override)
-    if spec == "tiny": return load_tokenizer(qwen3_tokenizer_dir())
+
+    if override:
+        return load_tokenizer(override)
+    if spec == "tiny":
+        return load_tokenizer(qwen3_tokenizer_dir())
     if str(spec).endswith((".yaml", ".yml")):
         from dflash_nb.config import load_config
         from dflash_nb.trainer import TrainConfig
         from dflash_nb.build import tokenizer_dir
+
         return load_tokenizer(tokenizer_dir(load_config(TrainConfig, spec).target))
     return load_tokenizer(spec)
 
+
 def _stop_ids(model, tokenizer=None) -> list[int]:
-    "End-of-sequence ids of the target's config (int or list) and the tokenizer's eos (the chat template's end of turn)."
+    "End-of-sequence ids of the target's config (int or list) and the tokenizer's eos (the template's end of turn)."
     e = getattr(model.config, "eos_token_id", None)
     ids = set([e] if isinstance(e, int) else list(e or []))
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None: ids.add(int(tokenizer.eos_token_id))
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
+
 
 def _json_dict(text: str, flag: str) -> dict:
     from dflash_nb.config import ConfigError, parse_document
-    try: d = parse_document(text, flag, "json")              # size and depth limits too
-    except ConfigError as e: raise PromptFileError(str(e)) from None
-    if not isinstance(d, dict): raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
+
+    try:
+        d = parse_document(text, flag, "json")  # size and depth limits too
+    except ConfigError as e:
+        raise PromptFileError(str(e)) from None
+    if not isinstance(d, dict):
+        raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
     return d
+
 
 def main(argv=None) -> dict:
     "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
@@ -398,9 +410,11 @@ def main(argv=None) -> dict:
         Path(a.json).write_text(json.dumps(res, indent=1))
     return res
 
+
 def _first_turns(prompts) -> list:
     "Each prompt's first turn as token ids (a MultiTurn's later turns depend on what the target answers)."
     return [p.first_prompt() if isinstance(p, MultiTurn) else p for p in prompts]
+
 
 def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     tok = _tokenizer_for(a.target, a.tokenizer)
@@ -408,85 +422,177 @@ def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
     sets, rendered = {}, {}
     for name, pf in convs.items():
         how = "told from its fields" if pf.detected else "named"
-        print(f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
-              + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "") + f" from {pf.path}")
+        print(
+            f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
+            + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "")
+            + f" from {pf.path}"
+        )
     for name, pf in convs.items():
         rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
-        sets[name] = prompt_set_tau(drafter, model, rendered[name], a.temperature, n_new, B,
-                                    stop_token_ids=stop, top_p=a.top_p, top_k=a.top_k, seed=a.seed, backend=a.backend)
-    print(f"τ, block size {B}, at most {n_new} new tokens per prompt" + (f", top-p {a.top_p}" if a.top_p < 1 else "")
-          + (f", top-k {a.top_k}" if a.top_k else ""))
+        sets[name] = prompt_set_tau(
+            drafter,
+            model,
+            rendered[name],
+            a.temperature,
+            n_new,
+            B,
+            stop_token_ids=stop,
+            top_p=a.top_p,
+            top_k=a.top_k,
+            seed=a.seed,
+            backend=a.backend,
+        )
+    print(
+        f"τ, block size {B}, at most {n_new} new tokens per prompt"
+        + (f", top-p {a.top_p}" if a.top_p < 1 else "")
+        + (f", top-k {a.top_k}" if a.top_k else "")
+    )
     print(format_tau_table(sets, a.temperature))
-    out = dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in a.temperature], top_p=a.top_p,
-               top_k=a.top_k, seed=a.seed, chat_template_kwargs=kwargs)
-    out["prompt_files"] = {n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf),
-                                   turns=pf.turns) for n, pf in convs.items()}
+    out = dict(
+        block_size=B,
+        max_new_tokens=n_new,
+        temperatures=[float(T) for T in a.temperature],
+        top_p=a.top_p,
+        top_k=a.top_k,
+        seed=a.seed,
+        chat_template_kwargs=kwargs,
+    )
+    out["prompt_files"] = {
+        n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf), turns=pf.turns)
+        for n, pf in convs.items()
+    }
     if a.speedup:
         costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=a.backend)
         for s in sets.values():
-            for r in s.values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+            for r in s.values():
+                r["expected_speedup"] = expected_speedup(r["tau"], costs)
         out["forward_costs"] = costs
-        print(_costs_line(costs)); print(format_tau_table(sets, a.temperature, "expected_speedup", "speed-up", ".2f"))
+        print(_costs_line(costs))
+        print(format_tau_table(sets, a.temperature, "expected_speedup", "speed-up", ".2f"))
     if a.measure_speedup:
         for name, s in sets.items():
             for T, r in s.items():
                 firsts = _first_turns(rendered[name][: a.measure_speedup])
-                r["measured"] = compare_decoding(drafter, model, firsts, n_new, B, stop_token_ids=stop,
-                                                 backend=a.backend, temperature=T, top_p=a.top_p, top_k=a.top_k,
-                                                 seed=a.seed)
+                r["measured"] = compare_decoding(
+                    drafter,
+                    model,
+                    firsts,
+                    n_new,
+                    B,
+                    stop_token_ids=stop,
+                    backend=a.backend,
+                    temperature=T,
+                    top_p=a.top_p,
+                    top_k=a.top_k,
+                    seed=a.seed,
+                )
                 r["measured_speedup"] = r["measured"]["speedup"]
-        print(f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file "
-              "(first turns)")
+        print(
+            f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file "
+            "(first turns)"
+        )
         print(format_tau_table(sets, a.temperature, "measured_speedup", "speed-up", ".2f"))
     out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
     return out
 
+
 def _costs_line(c: dict) -> str:
-    return (f"forward costs on {c['device']} ({c['prompt_tokens']}-token context): target {1e3 * c['target_1']:.2f} ms per token, "
-            f"{1e3 * c['target_block']:.2f} ms per {c['block_size']}-token block; drafter {1e3 * c['drafter']:.2f} ms per block "
-            f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)")
+    return (
+        f"forward costs on {c['device']} ({c['prompt_tokens']}-token context): target {1e3 * c['target_1']:.2f} ms per "
+        "token, "
+        f"{1e3 * c['target_block']:.2f} ms per {c['block_size']}-token block; drafter {1e3 * c['drafter']:.2f} ms per "
+        "block "
+        f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)"
+    )
+
 
 def _main_data(a, model, drafter, B) -> dict:
     from dflash_nb.shards import read_shards
+
     ds = read_shards(a.data)
     samples = [ds[i] for i in range(min(len(ds), a.num_samples))]
     stop = _stop_ids(model) if a.recompute_reference else []
     t0 = time.perf_counter()
-    res = acceptance_length(drafter, model, samples, block_size=B, recompute_reference=a.recompute_reference,
-                            max_new_tokens=a.max_new_tokens, backend=a.backend, chunk=a.chunk, stop_token_ids=stop)
+    res = acceptance_length(
+        drafter,
+        model,
+        samples,
+        block_size=B,
+        recompute_reference=a.recompute_reference,
+        max_new_tokens=a.max_new_tokens,
+        backend=a.backend,
+        chunk=a.chunk,
+        stop_token_ids=stop,
+    )
     res["walk_seconds"] = time.perf_counter() - t0
-    print(f"τ = {res['tau']:.3f} over {res['samples']} samples, {res['cycles']} cycles, block size {B} ({res['walk_seconds']:.1f}s)")
+    print(
+        f"τ = {res['tau']:.3f} over {res['samples']} samples, {res['cycles']} cycles, block size {B} "
+        f"({res['walk_seconds']:.1f}s)"
+    )
     print("per-position acceptance: " + " ".join(f"{x:.2f}" for x in res["per_position"]))
     print("histogram of accepted+1: " + " ".join(f"{k + 1}:{c}" for k, c in enumerate(res["histogram"])))
     prompts, budgets = [], []
     for s in samples:
         st, en = generated_span(s["loss_mask"])
-        if st < 1 or en - st < 2: continue
-        prompts.append(torch.tensor(s["input_ids"][:st])); budgets.append(min(en - st, a.max_new_tokens or en - st))
+        if st < 1 or en - st < 2:
+            continue
+        prompts.append(torch.tensor(s["input_ids"][:st]))
+        budgets.append(min(en - st, a.max_new_tokens or en - st))
     sampled = [T for T in a.temperature if T > 0]
     if sampled:  # the walk is greedy; under sampling the real loop runs on the samples' prompts
         res["sampled"] = {}
         for T in sampled:
             st = AcceptanceStats(B)
             for i, (p, n) in enumerate(zip(prompts, budgets)):
-                st.merge(speculative_generate(drafter, model, p, n, B, stop_token_ids=_stop_ids(model), backend=a.backend,
-                                              temperature=T, top_p=a.top_p, top_k=a.top_k, seed=a.seed + i)["stats"])
+                st.merge(
+                    speculative_generate(
+                        drafter,
+                        model,
+                        p,
+                        n,
+                        B,
+                        stop_token_ids=_stop_ids(model),
+                        backend=a.backend,
+                        temperature=T,
+                        top_p=a.top_p,
+                        top_k=a.top_k,
+                        seed=a.seed + i,
+                    )["stats"]
+                )
             res["sampled"][format(T, "g")] = st.summary()
-            print(f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = {st.summary()['tau']:.3f}")
+            print(
+                f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = "
+                f"{st.summary()['tau']:.3f}"
+            )
     if a.speedup and prompts:
         costs = forward_costs(drafter, model, prompts[0], B, backend=a.backend)
         res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
-        for r in res.get("sampled", {}).values(): r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        for r in res.get("sampled", {}).values():
+            r["expected_speedup"] = expected_speedup(r["tau"], costs)
         print(_costs_line(costs))
-        print(f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0" + "".join(
-            f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items()))
+        print(
+            f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0"
+            + "".join(f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items())
+        )
     if a.speculative:
-        cmp = compare_decoding(drafter, model, prompts[: a.speculative], budgets[: a.speculative], block_size=B,
-                               stop_token_ids=stop, backend=a.backend)
+        cmp = compare_decoding(
+            drafter,
+            model,
+            prompts[: a.speculative],
+            budgets[: a.speculative],
+            block_size=B,
+            stop_token_ids=stop,
+            backend=a.backend,
+        )
         res["speculative"] = cmp
-        print(f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} prompts, "
-              f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup {cmp['speedup']:.2f}x)")
+        print(
+            f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} "
+            "prompts, "
+            f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup "
+            f"{cmp['speedup']:.2f}x)"
+        )
     return res
+
 
 def cli():
     "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
