@@ -17,8 +17,8 @@ from .storage import atomic_dir, atomic_write_text, s3_client, split_s3
 __all__ = ['RUN_FILE', 'CheckpointConfig', 'FaultConfig', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside',
            'read_latest', 'step_dirs', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs', 'prune_checkpoints',
            'clean_killed_saves', 'save_checkpoint', 'newest_complete', 'resolve_checkpoint', 'load_checkpoint',
-           'RunLock', 'check_on_rank0', 'checkpoints_held', 'new_run_id', 'read_run_id', 'checkpoint_run_id',
-           'check_run_dir', 'preflight_run_dir', 'resume_changes']
+           'RunLock', 'check_on_rank0', 'checkpoints_held', 'new_run_id', 'read_run_id', 'read_remote_latest',
+           'checkpoint_run_id', 'check_run_dir', 'preflight_run_dir', 'resume_changes']
 
 # %% ../nbs/08_checkpoint.ipynb #67bcf9b6
 @dataclass
@@ -379,13 +379,26 @@ def read_run_id(run_dir) -> Optional[str]:
                               f"train.run_dir")
     return rid
 
+# %% ../nbs/08_checkpoint.ipynb #19fd8caf
+def read_remote_latest(
+    c,            # an S3 client (`s3_client`)
+    bucket: str,  # the bucket
+    key: str,     # the key of the `latest` object
+) -> Optional[str]:
+    "The validated checkpoint name in `s3://bucket/key`; None when the object does not exist."
+    from botocore.exceptions import ClientError
+    try: text = c.get_object(Bucket=bucket, Key=key)["Body"].read().decode(errors="replace").strip()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
+        raise
+    return checkpoint_name(text, f"s3://{bucket}/{key}")
+
 # %% ../nbs/08_checkpoint.ipynb #a6b0dbaf
 def checkpoint_run_id(src: str, endpoint_url=None) -> Optional[str]:   # src: a checkpoint, run dir or s3:// prefix
     "The run id in the `state.json` of checkpoint `src` (local or s3://); None if it has none or cannot be read here."
     try:
         if not str(src).startswith("s3://"): st = json.loads((resolve_checkpoint(src) / "state.json").read_text())
         else:
-            from dflash_nb.s3sync import read_remote_latest
             bucket, key = split_s3(src)
             key, c = key.strip("/"), s3_client(endpoint_url)
             if not key.rsplit("/", 1)[-1].startswith("step-"):

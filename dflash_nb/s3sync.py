@@ -7,11 +7,11 @@ from __future__ import annotations
 import json, queue, threading, time
 from pathlib import Path
 from typing import Optional
-from .checkpoint import RUN_FILE, CheckpointError, checkpoint_name, inside, step_of
+from .checkpoint import RUN_FILE, CheckpointError, checkpoint_name, inside, read_remote_latest, step_of
 from .storage import atomic_dir, s3_client, split_s3
 
 # %% auto #0
-__all__ = ['s3_permanent', 'read_remote_latest', 'S3Uploader', 'download_checkpoint']
+__all__ = ['s3_permanent', 'S3Uploader', 'download_checkpoint']
 
 # %% ../nbs/08_s3sync.ipynb #13127130
 _S3_PERMANENT = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "NoSuchBucket", "AllAccessDisabled",
@@ -30,20 +30,6 @@ def s3_permanent(e: BaseException) -> bool:
             return str(err.get("Code")) in _S3_PERMANENT or status in (401, 403)
         e = e.__cause__ or e.__context__
     return False
-
-# %% ../nbs/08_s3sync.ipynb #19fd8caf
-def read_remote_latest(
-    c,            # an S3 client (`s3_client`)
-    bucket: str,  # the bucket
-    key: str,     # the key of the `latest` object
-) -> Optional[str]:
-    "The validated checkpoint name in `s3://bucket/key`; None when the object does not exist."
-    from botocore.exceptions import ClientError
-    try: text = c.get_object(Bucket=bucket, Key=key)["Body"].read().decode(errors="replace").strip()
-    except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
-        raise
-    return checkpoint_name(text, f"s3://{bucket}/{key}")
 
 # %% ../nbs/08_s3sync.ipynb #c7bfd596
 class S3Uploader:
