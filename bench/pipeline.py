@@ -102,7 +102,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="default bench/results/pipeline.json (GPU) or pipeline-cpu.json (CPU)")
     a = ap.parse_args(argv)
     from dflash_nb.config import from_dict
-    from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer, DataConfig
+    from dflash_nb.records import qwen3_tokenizer_dir, load_tokenizer, DataConfig
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.build import drafter_config, build_drafter, drafter_lm_head_weight, pick_backend, drafter_autocast

@@ -96,7 +96,7 @@ def prompts_for(n_train: int, n_held: int) -> tuple[list, list]:
 def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA["max_new_tokens"], log=print) -> dict:
     "The target and its tokenized train / held-out completions (generated once, reused from `work`)."
     from dflash_nb.target import tiny_target
-    from dflash_nb.data import DataConfig, qwen3_tokenizer_dir, load_tokenizer
+    from dflash_nb.records import DataConfig, qwen3_tokenizer_dir, load_tokenizer
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.train import regenerate
     from dflash_nb.config import from_dict

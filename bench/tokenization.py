@@ -45,7 +45,7 @@ def main():
     a = ap.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"             # the ceiling is single-threaded, as one worker is
     sys.path.insert(0, str(ROOT))
-    from dflash_nb.data import DataConfig, SampleEncoder, load_tokenizer, normalize_record, qwen3_tokenizer_dir
+    from dflash_nb.records import DataConfig, SampleEncoder, load_tokenizer, normalize_record, qwen3_tokenizer_dir
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
 

@@ -122,7 +122,7 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
     "Tokenizer directory of the target (the bundled real Qwen3 tokenizer for the tiny target)."
     if tc.tokenizer: return Path(tc.tokenizer)
     if tc.path: return Path(tc.path)
-    from dflash_nb.data import qwen3_tokenizer_dir
+    from dflash_nb.records import qwen3_tokenizer_dir
     return qwen3_tokenizer_dir()
 
 def build_target(tc: TargetConfig, device: torch.device):

@@ -124,7 +124,7 @@ def answer_turns(
     **loop,                         # speculative_generate's other arguments (block_size, temperature, generator, ...)
 ) -> list[dict]:
     "speculative_generate for every user turn: the target's answer joins the conversation before the next turn."
-    from dflash_nb.data import normalize_messages
+    from dflash_nb.records import normalize_messages
     msgs, runs = list(item.messages), []
     for nxt in [*item.followups, None]:
         runs.append(speculative_generate(drafter, model, item.render(msgs), max_new_tokens, **loop))
@@ -223,7 +223,7 @@ def load_drafter_dir(
 # %% ../nbs/09_evaluate.ipynb #9d33bfe1
 def _tokenizer_for(spec: str, override=None):
     "The target's tokenizer: --tokenizer, else the target dir's, the bundled Qwen3 one for 'tiny', or a run config's."
-    from dflash_nb.data import load_tokenizer, qwen3_tokenizer_dir
+    from dflash_nb.records import load_tokenizer, qwen3_tokenizer_dir
 
     if override:
         return load_tokenizer(override)

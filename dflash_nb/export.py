@@ -201,7 +201,7 @@ def checkpoint_drafter_config(ckpt):
     from dflash_nb.model import DrafterConfig
     from dflash_nb.trainer import TrainConfig
     from dflash_nb.build import drafter_config, tokenizer_dir
-    from dflash_nb.data import load_tokenizer
+    from dflash_nb.records import load_tokenizer
 
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 from .config import ConfigError, ExpectedError
 from .storage import s3_client, split_s3
-from .data import CONTENT_FIELDS, DataConfig, RecordError, sha256_hex
+from .records import CONTENT_FIELDS, DataConfig, RecordError, sha256_hex
 
 # %% auto #0
 __all__ = ['SHARD_FORMAT', 'InputFile', 'InputError', 'list_inputs', 'S3RangeReader', 'open_input', 'ShardTask', 'dataset_id',

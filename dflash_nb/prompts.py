@@ -21,7 +21,7 @@ class PromptFileError(ValueError):
 # %% ../nbs/01d_prompts.ipynb #2c6df67f
 def _user(rec: dict, key: str) -> str:
     "The non-empty string in `rec[key]`, or a RecordError naming the field."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     v = rec.get(key)
     if v is None: raise RecordError("missing_field", f"no {key!r} field")
     if not isinstance(v, str): raise RecordError("wrong_type", f"{key!r} must be a string, got {type(v).__name__}")
@@ -30,7 +30,7 @@ def _user(rec: dict, key: str) -> str:
 
 def _user_turns(rec: dict, key: str) -> tuple[list, list]:
     "(first user message, later user turns) from a list of strings in `rec[key]` (MT-Bench's `turns`)."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     v = rec.get(key)
     if not isinstance(v, list) or not v: raise RecordError("wrong_type", f"{key!r} must be a non-empty list of strings")
     turns = [_user({f"{key}[{i}]": t}, f"{key}[{i}]") for i, t in enumerate(v)]
@@ -38,7 +38,7 @@ def _user_turns(rec: dict, key: str) -> tuple[list, list]:
 
 def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
     "(messages, later user turns) of this project's own shapes: `prompt` (a string or a list of turns) or `messages`."
-    from dflash_nb.data import normalize_messages, RecordError
+    from dflash_nb.records import normalize_messages, RecordError
     prompt = rec.get("prompt")
     if isinstance(prompt, str): return [{"role": "user", "content": _user(rec, "prompt")}], []
     if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
@@ -56,7 +56,7 @@ def _mbpp_text(rec: dict) -> str:
 
 def _alpaca_text(rec: dict) -> str:
     "Alpaca's instruction, then its input when there is one."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     extra = rec.get("input") or ""
     if not isinstance(extra, str):
         raise RecordError("wrong_type", f"'input' must be a string, got {type(extra).__name__}")
@@ -101,7 +101,7 @@ MAX_JSON_ARRAY_BYTES = 64 << 20    # a JSON array file is parsed whole, so it is
 
 def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
     "Raise RecordError when `obj` nests lists/objects deeper than `limit` (iterative: no recursion on hostile input)."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     stack = [(obj, 1)]
     while stack:
         o, d = stack.pop()
@@ -112,7 +112,7 @@ def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
 # %% ../nbs/01d_prompts.ipynb #1136ca4f
 def _jsonl_records(p: Path, max_bytes: int):
     "(where, record) of a JSONL file, read line by line: a line is never read past `max_bytes`."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     from dflash_nb.inputs import parse_line
     with open(p, "rb") as f:
         n = 0
@@ -140,7 +140,7 @@ def _parquet_records(p: Path, max_bytes: int):
 
 def _json_array_records(p: Path, max_bytes: int):
     "(where, record) of a file holding one JSON array, parsed whole (refused above MAX_JSON_ARRAY_BYTES)."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     from dflash_nb.inputs import parse_line
     if p.stat().st_size > MAX_JSON_ARRAY_BYTES:
         raise PromptFileError(f"{p}: a JSON array file over {MAX_JSON_ARRAY_BYTES >> 20} MiB; "
@@ -195,7 +195,7 @@ def read_prompt_file(
     max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
 ) -> PromptFile:
     "The conversations to continue, one per record; reference answers are dropped, the target writes its own."
-    from dflash_nb.data import RecordError
+    from dflash_nb.records import RecordError
     role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
     if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
         raise PromptFileError(f"{path}: unknown format {prompt_format!r} (formats: {', '.join(PROMPT_FORMATS)})")
@@ -249,7 +249,7 @@ def render_prompts(
     followups=None,         # per conversation, later user turns (default: a PromptFile's own): those become MultiTurn
 ) -> list:
     "Token ids of each conversation rendered with the generation prompt; a multi-turn one becomes a `MultiTurn`."
-    from dflash_nb.data import ChatRenderer
+    from dflash_nb.records import ChatRenderer
     kw = dict(chat_template_kwargs or {})
     if "chat_template_kwargs" in inspect.signature(ChatRenderer).parameters:
         r = ChatRenderer(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=kw)

@@ -15,7 +15,7 @@ import pyarrow.ipc
 import dataclasses
 from .config import ExpectedError, to_dict, validate_config
 from .storage import atomic_writer, atomic_write_text
-from .data import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
+from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
 from .inputs import (SHARD_FORMAT, InputFile, InputError, ShardTask, dataset_id, input_fingerprints, input_id,

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
-from .data import DataConfig
+from .records import DataConfig
 from dflash_nb.build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line)
@@ -43,7 +43,7 @@ class EvalConfig:
 class RunConfig:
     train: TrainConfig = opt(TrainConfig(), "the trainer (dflash_nb.trainer.TrainConfig)")
     data: DataConfig = opt(DataConfig(), "tokenization of `inputs` and of regenerated completions "
-                                         "(dflash_nb.data.DataConfig)")
+                                         "(dflash_nb.records.DataConfig)")
     inputs: list[str] = opt([], "raw JSONL inputs tokenized into <run_dir>/data/train before training (paths, globs, "
                                 "s3://); [] = train.data_dir is ready")
     regenerate: RegenConfig = opt(RegenConfig(), "the target's own completions of a prompt set (demo, small projects)")
@@ -90,7 +90,7 @@ def _greedy_prefix(target, prompt_ids: list[int], gen: list[int]) -> int:
 
 def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], gen: list[int], eot: list[int]):
     "(text, n): the longest gen[:n] whose decoded text the data pipeline tokenizes back to prompt_ids + gen[:n] + eot."
-    from dflash_nb.data import normalize_record, RecordError
+    from dflash_nb.records import normalize_record, RecordError
     for _ in range(8):                     # a cut can change the last word's tokens again: repeat until stable
         text = tokenizer.decode(gen, skip_special_tokens=False)
         enc = encoder.encode([normalize_record({"messages": prompt + [{"role": "assistant", "content": text}]})])[0]
@@ -108,7 +108,7 @@ def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], g
 def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_tokens: int = 64, batch_size: int = 32,
                data_cfg: DataConfig | None = None) -> dict:
     "Complete each prompt greedily with the target; write chat JSONL that tokenizes to exactly prompt + target tokens."
-    from dflash_nb.data import ChatRenderer, SampleEncoder
+    from dflash_nb.records import ChatRenderer, SampleEncoder
     data_cfg = data_cfg or DataConfig()
     renderer = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs)
     encoder = SampleEncoder(tokenizer, data_cfg)
@@ -198,7 +198,7 @@ def _tokenized(key: str, data_dir):
 
 def check_run(cfg: RunConfig):
     "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
-    from dflash_nb.data import load_tokenizer
+    from dflash_nb.records import load_tokenizer
     from dflash_nb.inputs import list_inputs
     tc, rg = cfg.train, cfg.regenerate
     if tc.target.path is not None and not Path(tc.target.path).is_dir():

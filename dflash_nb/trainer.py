@@ -451,7 +451,7 @@ def build_run(cfg: TrainConfig,
               log_prefix: str = "",
               locks: Optional[list] = None) -> Run:   # the run dir's lock is appended here (the caller releases it)
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
-    from dflash_nb.data import load_tokenizer
+    from dflash_nb.records import load_tokenizer
     from dflash_nb.shards import load_manifest
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 import json, shutil
 from pathlib import Path
 
-from dflash_nb.data import qwen3_tokenizer_dir
+from dflash_nb.records import qwen3_tokenizer_dir
 
 _REASONING_IF = "{%- if loop.index0 > ns.last_query_index %}"
 _GEN = "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}"

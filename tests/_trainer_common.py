@@ -19,7 +19,7 @@ TINY = {
 
 def make_data(out_dir, n=24, seed=0, tokenizer_dir=None):
     "Tokenize `n` synthetic conversations with the real pipeline (dflash_nb.data) into `out_dir`."
-    from dflash_nb.data import qwen3_tokenizer_dir, DataConfig
+    from dflash_nb.records import qwen3_tokenizer_dir, DataConfig
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
     out_dir = Path(out_dir)

@@ -84,7 +84,7 @@ def test_console_scripts_installed_help_and_bad_flag(script, tmp_path):
 def test_help_names_real_types_and_hides_test_knobs():
     "`--help` of the train and data configs: Literal choices, `or null`, list element types, a dict's keys; no fault knobs."
     from dflash_nb.config import config_help
-    from dflash_nb.data import DataConfig
+    from dflash_nb.records import DataConfig
     h, full = config_help(RunConfig), config_help(RunConfig, hidden=True)
     for line in ("  data.overlong ({truncate, drop}, default 'truncate')",
                  "  data.start_method ({auto, fork, forkserver, spawn}, default 'auto')",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
 
-from dflash_nb.data import (DataConfig, SampleEncoder, conversation_samples, load_tokenizer, normalize_record,
+from dflash_nb.records import (DataConfig, SampleEncoder, conversation_samples, load_tokenizer, normalize_record,
                             qwen3_tokenizer_dir, template_fingerprint)
 from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import (DataAuditError, DataMismatchError, OutDirError, check_template, load_manifest,

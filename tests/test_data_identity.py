@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_nb.data import qwen3_tokenizer_dir
+from dflash_nb.records import qwen3_tokenizer_dir
 from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import DataMismatchError, OutDirError, load_manifest, read_shards, shard_path, tokenize_dataset
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dflash_nb import inputs as inputs_mod
-from dflash_nb.data import DataConfig, load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
+from dflash_nb.records import DataConfig, load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
 from dflash_nb.inputs import InputError, list_inputs
 from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import (CorruptFileError, DataAuditError, DataMismatchError, OutDirError, check_template,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_nb.data import DataConfig, qwen3_tokenizer_dir
+from dflash_nb.records import DataConfig, qwen3_tokenizer_dir
 from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import load_manifest, tokenize_dataset
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from dflash_nb.data import DataConfig, load_tokenizer, qwen3_tokenizer_dir
+from dflash_nb.records import DataConfig, load_tokenizer, qwen3_tokenizer_dir
 from dflash_nb.shards import read_shards, tokenize_dataset
 
 

@@ -8,7 +8,7 @@ import pytest, torch
 
 from dflash_nb.target import tiny_target, TargetFeatures
 from dflash_nb.model import DrafterConfig, DFlashDrafter
-from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
+from dflash_nb.records import qwen3_tokenizer_dir, load_tokenizer
 from dflash_nb.anchors import sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
 from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.loss import block_loss
@@ -179,7 +179,7 @@ def test_compare_decoding_reports(world):
 
 def test_cli(world, tmp_path):
     "`python -m dflash_nb.evaluate` on tokenized data and an exported drafter, as a real subprocess."
-    from dflash_nb.data import DataConfig
+    from dflash_nb.records import DataConfig
     from dflash_nb.inputs import write_jsonl
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter
@@ -602,7 +602,7 @@ def test_format_drafts(hybrid):
 
 def test_cli_show_drafts(tmp_path, capsys):
     "`--show-drafts N` prints N held-out continuations (--data) or prompt-file continuations with the drafts marked."
-    from dflash_nb.data import DataConfig
+    from dflash_nb.records import DataConfig
     from dflash_nb.inputs import write_jsonl
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.export import export_drafter

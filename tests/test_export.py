@@ -151,7 +151,7 @@ def test_checkpoint_cli(tmp_path):
     from dflash_nb.config import from_dict
     from dflash_nb.trainer import TrainConfig, train
     from dflash_nb.checkpoint import resolve_checkpoint
-    from dflash_nb.data import qwen3_tokenizer_dir, DataConfig
+    from dflash_nb.records import qwen3_tokenizer_dir, DataConfig
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
     src = write_jsonl(synthetic_records(6, seed=0, approx_tokens=40), tmp_path / "in.jsonl")

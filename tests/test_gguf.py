@@ -32,7 +32,7 @@ def smollm2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def converted(smollm2):
-    from dflash_nb.data import load_tokenizer
+    from dflash_nb.records import load_tokenizer
     from dflash_nb.target import load_target
     return load_tokenizer(smollm2), load_target(smollm2, dtype=torch.float32, device="cpu")
 

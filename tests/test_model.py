@@ -20,7 +20,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def tok():
-    from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
+    from dflash_nb.records import qwen3_tokenizer_dir, load_tokenizer
     return load_tokenizer(qwen3_tokenizer_dir())
 
 

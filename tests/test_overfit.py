@@ -6,7 +6,7 @@ target feature capture, the drafter with the sdpa backend, the chunked block los
 for the fixed row are computed once; the anchors are resampled every step."""
 import time
 import pytest, torch
-from dflash_nb.data import qwen3_tokenizer_dir, load_tokenizer
+from dflash_nb.records import qwen3_tokenizer_dir, load_tokenizer
 from dflash_nb.target import tiny_target, TargetFeatures
 from dflash_nb.model import DrafterConfig, DFlashDrafter, resolve_mask_token_id
 from dflash_nb.anchors import make_packed_row, valid_anchor_mask, sample_anchors, anchor_block_labels, block_input_ids, block_position_ids

@@ -142,7 +142,7 @@ def test_too_many_nonfinite_stops_with_last_good_checkpoint(tmp_path, data_dir):
 
 def test_wrong_template_refused(tmp_path):
     "Data rendered with another chat template than the target's is refused with a message that says so."
-    from dflash_nb.data import qwen3_tokenizer_dir
+    from dflash_nb.records import qwen3_tokenizer_dir
     tok = tmp_path / "tok"
     shutil.copytree(qwen3_tokenizer_dir(), tok)
     tc = json.loads((tok / "tokenizer_config.json").read_text())

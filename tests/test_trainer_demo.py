@@ -37,7 +37,7 @@ def test_demo_regeneration_is_the_targets_greedy_tokens(tmp_path):
     tokens (+ the end-of-turn token): no `<think>` block the target never generated, no text that re-tokenizes
     differently, no batching effect. Uses the demo's own target and data settings."""
     from dflash_nb.config import apply_overrides, from_dict, load_config, to_dict
-    from dflash_nb.data import DataConfig, load_tokenizer, qwen3_tokenizer_dir, ChatRenderer
+    from dflash_nb.records import DataConfig, load_tokenizer, qwen3_tokenizer_dir, ChatRenderer
     from dflash_nb.shards import tokenize_dataset, read_shards
     from dflash_nb.decoding import greedy_generate
     from dflash_nb.target import tiny_target

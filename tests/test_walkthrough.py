@@ -49,7 +49,7 @@ def test_readme_walkthrough(tmp_path):
     assert report["heldout_data"] == str(run / "data" / "heldout") and report["tau_after"]["samples"] == 3
     assert (run / "drafter" / "config.json").is_file()
     # 2b. answers regenerated elsewhere: tokenize the training and held-out sets with dflash-data, train on them
-    from dflash_nb.data import qwen3_tokenizer_dir
+    from dflash_nb.records import qwen3_tokenizer_dir
     data = tmp_path / "data"
     for name, src in (("train", "train.jsonl"), ("heldout", "heldout.jsonl")):
         _run("dflash-data", "--input", run / "generated" / src, "--tokenizer", qwen3_tokenizer_dir(),
