@@ -100,14 +100,36 @@ def test_no_private_cross_chapter_imports():
     assert not bad, "private names are a chapter's own; give them a public name:\n" + "\n".join(bad)
 
 
-# Lines over the limit that belong to work in progress elsewhere (the trainer chapter is being split up); remove an
-# entry when its line is rewrapped.
-LONG_LINE_EXCEPTIONS = ()   # none left: add a line's start here only with a reason
+def import_graph() -> dict[str, set[str]]:
+    "module -> the dflash_nb modules it imports anywhere (at import time or inside a function)."
+    chapters = chapter_of_module()
+    graph = {}
+    for mod in chapters:
+        tree = ast.parse((REPO / "dflash_nb" / f"{mod}.py").read_text())
+        deps = {m for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names if (m := _dflash_module(n, a)) in chapters and m != mod}
+        graph[mod] = deps
+    return graph
 
 
-def test_no_line_over_200_characters_in_the_modules():
-    long = [f"{p.relative_to(REPO)}:{i}: {len(l)} characters"
-            for p in sorted((REPO / "dflash_nb").glob("*.py")) + sorted((REPO / "kernels").glob("*.py")) if p.name != "_modidx.py"
-            for i, l in enumerate(p.read_text().splitlines(), 1)
-            if len(l) > 200 and not l.strip().startswith(LONG_LINE_EXCEPTIONS)]
-    assert not long, "rewrap these lines in their notebooks (or kernels/), then nbdev_export:\n" + "\n".join(long)
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    "Every import cycle of `graph`, each as a path that returns to its first module."
+    found = []
+    def walk(path):
+        for nxt in sorted(graph.get(path[-1], ())):
+            if nxt == path[0]: found.append(path + [nxt])
+            elif nxt not in path and nxt > path[0]: walk(path + [nxt])   # each cycle once, from its smallest module
+    for start in sorted(graph): walk([start])
+    return found
+
+
+def test_no_import_cycle_even_inside_functions():
+    "A later chapter may be imported inside a function, but never by a module it imports: one direction per pair."
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_check_sees_a_cycle():
+    test_graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(test_graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
