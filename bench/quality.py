@@ -164,7 +164,8 @@ def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA
         tok = load_tokenizer(tok_dir)
         train_p, held_p = prompts_for(n_train, n_held, templates)
         if kind != "tiny":
-            held_p += [[{"role": "user", "content": tpl.format(t=t)}] for t in REAL_EXTRA_HELD_TOPICS for tpl in templates]
+            held_p += [[{"role": "user", "content": tpl.format(t=t)}]
+                       for t in REAL_EXTRA_HELD_TOPICS for tpl in templates]
         stats = {}
         for part, prompts in (("train", train_p), ("heldout", held_p)):
             r = regenerate(target, tok, prompts, d / "generated" / f"{part}.jsonl", max_new_tokens, 64, dcfg)
