@@ -390,13 +390,16 @@ def merge_results(old: dict, new: dict) -> dict:
 def write_merged(out: Path, result: dict) -> dict:
     "Merge `result` into the JSON at `out` under a lock (several bench processes may finish at once)."
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".lock"), "w") as lock:
+    lock = os.open(out.parent, os.O_RDONLY)    # the directory is the lock: no lock file left next to the results
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = json.loads(out.read_text()) if out.exists() else {}
         merged = merge_results(old, result)
         tmp = out.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps(merged, indent=1))
         os.replace(tmp, out)
+    finally:
+        os.close(lock)
     return merged
 
 
