@@ -31,7 +31,9 @@ Variants (train config overrides on top of the setup's recipe):
     python bench/quality.py                                  # default: both setups, 4 variants, seeds 0 1 2
     python bench/quality.py --setups demo --variants base distill --seeds 0 1
     python bench/quality.py --smoke                          # one setup, one variant, one seed, tiny: tests the script
-    python bench/quality.py --setups smollm2 --variants base --seeds 0 --curve 6   # the real LM's learning curve
+    # the real LM as measured (bench/results/quality.json): a learning curve, then the levers with the same protocol
+    python bench/quality.py --setups smollm2 --train-prompts 256 --heldout 168 --eval-tokens 32 --threads 1 \
+        --variants base --seeds 0 --curve 4          # then --seeds 1, and --no-base --variants dpace gamma_x2 distill
 
 Data is generated once per target into --work (default bench/.quality_work, reused when present). Writes
 bench/results/quality.json (or --out), merged: runs of other setups, variants and seeds already there are kept (a run
