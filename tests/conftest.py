@@ -6,6 +6,9 @@ pytest_plugins = ["s3_server"]  # the `s3_server` fixture: a real SeaweedFS S3 s
 
 
 def pytest_collection_modifyitems(config, items):
+    if _workers() > 1:   # the modules holding `slow` tests start first, so no worker ends alone on a long one
+        slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)   # stable: file order kept otherwise
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
@@ -14,7 +17,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+def _workers() -> int:
+    "How many pytest-xdist workers share this run (1 without `-n`)."
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
 def pytest_configure(config):
     # under `pytest -n N` each worker gets its share of the cores: N workers x all cores each would oversubscribe them
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1: torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    if _workers() > 1: torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers()))
