@@ -22,6 +22,17 @@ def _workers() -> int:
     return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
+def _worker_share() -> int:
+    "Torch threads per worker under `pytest -n N`: N workers x all cores each would oversubscribe the cores."
+    return max(1, (os.cpu_count() or 1) // _workers())
+
+
 def pytest_configure(config):
-    # under `pytest -n N` each worker gets its share of the cores: N workers x all cores each would oversubscribe them
-    if _workers() > 1: torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers()))
+    if _workers() > 1: torch.set_num_threads(_worker_share())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _worker_threads():
+    "Under `-n N` each module starts with the worker's share, whatever thread count an earlier module left set."
+    if _workers() > 1: torch.set_num_threads(_worker_share())
+    yield
