@@ -58,8 +58,12 @@ TEST_FLAGS := slow $(shell $(PY) -c "import torch; print('gpu' if torch.cuda.is_
 nbtest: install
 	$(VENV)/bin/nbdev_test --n_workers 2 --timing --flags "$(TEST_FLAGS)"
 
+# two pytest-xdist workers, each test module on one worker (its module fixtures are built once), the modules holding
+# slow tests first (tests/conftest.py); Run All compares the repository's file list before and after each notebook,
+# so it runs after the rest, two notebooks at a time
 pytest: install
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests --ignore=tests/test_notebooks_run_all.py
+	$(VENV)/bin/pytest -q -n 2 tests/test_notebooks_run_all.py
 
 test: check-sync lint nbtest pytest
 

@@ -1,13 +1,38 @@
-"""Shared pytest setup: the `gpu` marker skips where there is no CUDA device."""
+"""Shared pytest setup: the `gpu` marker skips where there is no CUDA device; pytest-xdist workers share the cores."""
+import os
 import pytest, torch
 
 pytest_plugins = ["s3_server"]  # the `s3_server` fixture: a real SeaweedFS S3 server on 127.0.0.1 (tests/s3_server.py)
 
 
 def pytest_collection_modifyitems(config, items):
+    if _workers() > 1:   # the modules holding `slow` tests start first, so no worker ends alone on a long one
+        slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)   # stable: file order kept otherwise
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _workers() -> int:
+    "How many pytest-xdist workers share this run (1 without `-n`)."
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def _worker_share() -> int:
+    "Torch threads per worker under `pytest -n N`: N workers x all cores each would oversubscribe the cores."
+    return max(1, (os.cpu_count() or 1) // _workers())
+
+
+def pytest_configure(config):
+    if _workers() > 1: torch.set_num_threads(_worker_share())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _worker_threads():
+    "Under `-n N` each module starts with the worker's share, whatever thread count an earlier module left set."
+    if _workers() > 1: torch.set_num_threads(_worker_share())
+    yield
