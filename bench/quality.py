@@ -135,7 +135,8 @@ def variant_config(setup: dict, variant: dict) -> dict:
 def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eval_tokens, log=print) -> dict:
     "One training run of one variant and seed, then τ on the held-out samples."
     from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig, train, load_samples
+    from dflash_nb.train_config import TrainConfig
+    from dflash_nb.trainer import train, load_samples
     from dflash_nb.target import TargetFeatures
     from dflash_nb.decoding import acceptance_length
     t = variant_config(setup, variant)

@@ -4,17 +4,19 @@
 
 # %% ../nbs/08_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, hashlib, json, math, os, queue, random, signal, sys, tempfile, threading, time
-from dataclasses import dataclass, field
+import contextlib, json, os, queue, signal, threading, time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 import torch
 import torch.distributed as dist
 from torch import nn
-from .config import opt, to_dict, from_dict, save_config, ConfigError
+from .config import to_dict, save_config, ConfigError
 from .storage import atomic_write_text
-from .checkpoint import (CheckpointConfig, CheckpointError, FaultConfig, RUN_FILE, RunLock, check_on_rank0,
-                                  check_run_dir, checkpoints_held, clean_killed_saves, load_checkpoint, new_run_id,
+from .train_config import TrainConfig, lr_factor   # chapter Train config
+from .rows import stable_seed, RowStream, rank_row, Batch, make_batch   # chapter Rows: the data order
+from .checkpoint import (CheckpointError, RUN_FILE, RunLock, check_on_rank0, check_run_dir,
+                                  checkpoints_held, clean_killed_saves, load_checkpoint, new_run_id,
                                   newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
                                   resume_changes, rng_state, save_checkpoint, set_rng_state, step_dirs, step_of)
 from .s3sync import S3Uploader, download_checkpoint
@@ -27,207 +29,9 @@ from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost,
 
 
 # %% auto #0
-__all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'stable_seed', 'RowStream', 'rank_row', 'lr_factor',
-           'Batch', 'make_batch', 'FeatureProducer', 'distill_features', 'step_loss', 'load_samples', 'NonFiniteError',
-           'last_finite_checkpoint', 'Run', 'build_run', 'resume_from', 'Checkpointer', 'make_producer', 'train_step',
-           'log_interval', 'Preemption', 'train']
-
-# %% ../nbs/08_trainer.ipynb #f08506f4
-def _tiny_keys():
-    "Keyword arguments of `tiny_target` a config may set: its own and its transformers configs' fields."
-    import inspect
-    from transformers import Qwen3Config, Qwen3_5TextConfig, LlamaConfig
-    from dflash_nb.target import tiny_target
-    own = [p for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD]
-    hf = set().union(*(c().to_dict() for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig)))
-    return sorted(set(own) | {k for k in hf if not k.startswith("_") and k not in ("dtype", "transformers_version")})
-
-def _drafter_schema():
-    "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
-    from dflash_nb.model import DrafterConfig
-    return DrafterConfig
-
-def _fits_block(max_tokens: int, cfg) -> str | None:
-    b = cfg.drafter.get("block_size") or _drafter_schema().block_size
-    return None if max_tokens >= b + 1 else f"must be >= block_size + 1 = {b + 1} (an anchor and its block)"
-
-
-# %% ../nbs/08_trainer.ipynb #29926adc
-@dataclass
-class TargetConfig:
-    path: Optional[str] = opt(None, "local HF directory of the target; None = the built-in tiny Qwen3 with fixed-seed "
-                                    "weights (demo, tests)")
-    tokenizer: Optional[str] = opt(None, "tokenizer directory; None = the target's directory (the bundled Qwen3 "
-                                         "tokenizer for the tiny target)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = opt(
-        "auto", "target weight dtype: auto = bfloat16 on GPU and on CPUs with native bf16 matmul (cpu_bf16), else "
-                "float32")
-    attn_implementation: Optional[str] = opt(None, "transformers attention implementation for the target (sdpa, "
-                                                   "flash_attention_2, ...)")
-    max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, "
-                                       "length-bucketed)", min=1)
-    tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, "
-                         "num_layers, seed, ...)", keys=_tiny_keys)
-
-# %% ../nbs/08_trainer.ipynb #554f8cdb
-@dataclass
-class OptimConfig:
-    lr: float = opt(6e-4, "peak learning rate (AdamW)", gt=0)
-    betas: list[float] = opt([0.9, 0.95], "AdamW betas", min=0, max=0.999999)
-    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
-    weight_decay: float = opt(0.0, "AdamW weight decay", min=0)
-    warmup_frac: float = opt(0.04, "share of the steps with linear warmup", min=0, max=1)
-    min_lr_frac: float = opt(0.0, "cosine floor as a fraction of lr", min=0, max=1)
-    clip: float = opt(1.0, "gradient-norm clip", gt=0)
-
-# %% ../nbs/08_trainer.ipynb #1bfa8f15
-@dataclass
-class LossConfig:
-    weighting: Literal["decay", "dpace"] = opt("decay", "slot weights: decay = exp(-(k-1)/gamma) per slot k; dpace = "
-                                                        "D-PACE, from the drafter's own per-slot confidence")
-    dpace_alpha: float = opt(0.5, "D-PACE smoothing of the confidences toward 1", gt=0, max=1)
-    distill_weight: float = opt(0.0, "online distillation: per slot (1-w)·CE(data token) + w·KL(target || drafter), "
-                                     "the target's logits "
-                                     "recomputed in the loss from its final hidden state (every target layer runs); 0 "
-                                     "= off", min=0, max=1)
-
-# %% ../nbs/08_trainer.ipynb #d2031cad
-@dataclass
-class TrainConfig:
-    run_dir: str = opt("runs/train", "run directory: metrics.jsonl, config.yaml, checkpoints/, summary.json")
-    data_dir: Optional[str] = opt(None, "tokenized shards (output of dflash_nb.data)")
-    seed: int = opt(0, "seed of the drafter init, the data order and the anchors", min=0)
-    steps: int = opt(1000, "optimizer steps", min=1)
-    global_batch: int = opt(8, "packed rows per optimizer step over all ranks; each rank accumulates global_batch / "
-                               "world_size rows", min=1)
-    max_tokens: int = opt(4096, "tokens per packed row (longer samples are truncated)", check=_fits_block)
-    max_anchors: int = opt(512, "anchors (draft blocks) sampled per row, resampled every step", min=1)
-    gamma: Optional[float] = opt(None, "loss decay over block slots; None = default_gamma(block_size)", gt=0)
-    loss_chunk_blocks: int = opt(64, "blocks per chunk of the vocabulary projection in the loss (bounds peak "
-                                     "memory)", min=1)
-    backend: Literal["auto", "flex", "triton", "sdpa"] = opt("auto", "attention backend: auto = probe flex, then "
-                                                                     "triton, then sdpa (sdpa on CPU)")
-    devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], "
-                                       "[cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
-    pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain "
-                               "sequential loop")
-    queue_depth: int = opt(2, "batches of features buffered between target and drafter", min=1)
-    amp: Literal["auto", "bfloat16", "off"] = opt("auto", "autocast: auto = bfloat16 on GPU and on CPUs with native "
-                                                          "bf16 "
-                                                  "matmul (cpu_bf16), else off; master weights stay fp32")
-    log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
-    report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard "
-                                   "(run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
-    max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
-    resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), "
-                                      "s3://bucket/prefix, or 'auto' (this run_dir if it has one)")
-    init_from: Optional[str] = opt(None, "warm start: a DFlash drafter directory in the serving format (a published "
-                                         "drafter, "
-                                         "SpecForge's, a dflash_nb export); its weights initialise the drafter and its "
-                                         "config.json "
-                                         "is the drafter config unless `drafter` overrides are given (then they must "
-                                         "agree)")
-    target: TargetConfig = opt(TargetConfig(), "the frozen target")
-    drafter: dict = opt({}, "overrides of DrafterConfig.from_target (num_hidden_layers, block_size, layer_types, "
-                            "sliding_window, ...)", keys=_drafter_schema)
-    optim: OptimConfig = opt(OptimConfig(), "optimizer and schedule")
-    loss: LossConfig = opt(LossConfig(), "slot weighting and online distillation")
-    checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints and S3 upload")
-    fault: FaultConfig = opt(FaultConfig(), "fault injection for tests", hidden=True)
-
-# %% ../nbs/08_trainer.ipynb #2312ba00
-def stable_seed(*parts) -> int:
-    "A 63-bit seed from `parts` (stable across processes and Python versions, unlike `hash`)."
-    h = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & ((1 << 63) - 1)
-
-# %% ../nbs/08_trainer.ipynb #6f8fda3c
-class RowStream:
-    "Endless deterministic stream of packed rows: epoch e shuffled by `(seed, e)`; `stream[k]` = (epoch, samples)."
-    def __init__(self,
-                 lengths: list[int],  # tokens per sample (after truncation to max_tokens)
-                 max_tokens: int,     # tokens per packed row
-                 seed: int = 0,
-                 pack=None):          # pack(lengths, max_tokens) -> groups; default dflash_nb.anchors.pack_samples
-        if not lengths: raise ValueError("no samples to train on")
-        self.lengths, self.max_tokens, self.seed = [min(int(n), max_tokens) for n in lengths], int(max_tokens), seed
-        if pack is None: from dflash_nb.anchors import pack_samples as pack
-        self.pack, self.epochs, self.starts = pack, [], [0]
-
-    def epoch_rows(self, e: int) -> list[list[int]]:
-        "Rows of epoch `e` (computed on first use; only lengths are needed, so this is cheap)."
-        while len(self.epochs) <= e:
-            order = list(range(len(self.lengths)))
-            random.Random(stable_seed("epoch", self.seed, len(self.epochs))).shuffle(order)
-            groups = self.pack([self.lengths[i] for i in order], self.max_tokens)
-            self.epochs.append([[order[i] for i in g] for g in groups])
-            self.starts.append(self.starts[-1] + len(self.epochs[-1]))
-        return self.epochs[e]
-
-    def __getitem__(self, k: int) -> tuple[int, list[int]]:
-        e = 0
-        while True:
-            rows = self.epoch_rows(e)
-            if k < self.starts[e + 1]: return e, rows[k - self.starts[e]]
-            e += 1
-
-def rank_row(step: int, micro: int, global_batch: int, rank: int, world: int) -> int:
-    "Global row index of micro-batch `micro` of `rank` at optimizer step `step`."
-    per_rank = global_batch // world
-    return step * global_batch + rank * per_rank + micro
-
-# %% ../nbs/08_trainer.ipynb #8bcb76e7
-def lr_factor(step: int, total: int, warmup_frac: float = 0.04, min_frac: float = 0.0) -> float:
-    "Multiplier of the peak lr at optimizer step `step` (0-based): linear warmup, then cosine to `min_frac`."
-    warm = max(1, round(warmup_frac * total))
-    if step < warm: return (step + 1) / warm
-    t = min(1.0, (step - warm) / max(1, total - warm))
-    return min_frac + (1 - min_frac) * 0.5 * (1 + math.cos(math.pi * t))
-
-# %% ../nbs/08_trainer.ipynb #008b6850
-_ROW_KEYS = ("input_ids", "loss_mask", "doc_ids", "position_ids", "anchors", "keep", "labels", "valid", "block_ids",
-             "block_pos")
-
-@dataclass
-class Batch:
-    "One packed row ready for the drafter: host-prepared tensors, plus the target features once the producer has them."
-    step: int
-    micro: int
-    row: int                     # optimizer step, micro-batch within it, global row index
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    doc_ids: torch.Tensor
-    position_ids: torch.Tensor  # (S,)
-    anchors: torch.Tensor
-    keep: torch.Tensor           # (N,)
-    labels: torch.Tensor
-    valid: torch.Tensor           # (N, B)
-    block_ids: torch.Tensor
-    block_pos: torch.Tensor    # (N·B,)
-    n_tokens: int = 0
-    n_loss_tokens: int = 0           # host counts (for tokens/s without a sync)
-    features: Optional[torch.Tensor] = None             # (S, n_t·H) on the drafter device
-    target_final: Optional[torch.Tensor] = None         # (S, H) the target's final-norm states (distillation only)
-    ready: Optional[object] = None                      # CUDA event recorded after the copy (None on CPU)
-
-    def tensors(self) -> dict: return {k: getattr(self, k) for k in _ROW_KEYS}
-
-def make_batch(samples: list[dict], stream: RowStream, row: int, step: int, micro: int, *,
-               max_tokens: int, block_size: int, max_anchors: int, mask_token_id: int, seed: int) -> Batch:
-    "Pack global row `row` and sample its anchors with a generator seeded by `(seed, row)`."
-    from dflash_nb.anchors import (make_packed_row, sample_anchors, anchor_block_labels, block_input_ids,
-                                   block_position_ids)
-    _, idx = stream[row]
-    docs = [{k: list(samples[i][k][:max_tokens]) for k in ("input_ids", "loss_mask")} for i in idx]
-    r = make_packed_row(docs, max_tokens)
-    g = torch.Generator().manual_seed(stable_seed("anchors", seed, row))
-    anchors, keep = sample_anchors(r["loss_mask"], r["doc_ids"], block_size, max_anchors, generator=g)
-    labels, valid = anchor_block_labels(r["input_ids"], r["loss_mask"], r["doc_ids"], anchors, keep, block_size)
-    return Batch(step=step, micro=micro, row=row, input_ids=r["input_ids"], loss_mask=r["loss_mask"],
-                 doc_ids=r["doc_ids"], position_ids=r["position_ids"], anchors=anchors, keep=keep, labels=labels,
-                 valid=valid, block_ids=block_input_ids(r["input_ids"], anchors, keep, block_size, mask_token_id),
-                 block_pos=block_position_ids(r["position_ids"], anchors, block_size),
-                 n_tokens=int((r["doc_ids"] >= 0).sum()), n_loss_tokens=int(r["loss_mask"].sum()))
+__all__ = ['FeatureProducer', 'distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'Run',
+           'build_run', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption',
+           'train']
 
 # %% ../nbs/08_trainer.ipynb #b7f541f7
 class _Failure:
