@@ -545,9 +545,8 @@ def step_pipeline(a, rec):
     from dflash_nb.model import DrafterConfig
     from dflash_nb.target import TargetFeatures
     from dflash_nb.build import build_drafter, drafter_autocast, drafter_lm_head_weight, pick_backend
-    from dflash_nb.rows import RowStream, make_batch
+    from dflash_nb.rows import FeatureProducer, RowStream, make_batch
     from dflash_nb.train_config import TrainConfig
-    from dflash_nb.trainer import FeatureProducer
     dev = device_for(a.dry_run)
     p, dims = PIPE[a.dry_run], TARGET_DIMS[a.dry_run]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

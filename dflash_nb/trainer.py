@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, json, os, queue, signal, threading, time
+import contextlib, json, os, signal, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -14,7 +14,8 @@ from torch import nn
 from .config import to_dict, save_config, ConfigError
 from .storage import atomic_write_text
 from .train_config import TrainConfig, lr_factor   # chapter Train config
-from .rows import stable_seed, RowStream, rank_row, Batch, make_batch   # chapter Rows: the data order
+from .rows import (   # chapter Rows: the data order, a row's host batch, the producer
+    stable_seed, RowStream, rank_row, Batch, make_batch, FeatureProducer)
 from .checkpoint import (CheckpointError, RUN_FILE, RunLock, check_on_rank0, check_run_dir,
                                   checkpoints_held, clean_killed_saves, load_checkpoint, new_run_id,
                                   newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
@@ -29,108 +30,8 @@ from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost,
 
 
 # %% auto #0
-__all__ = ['FeatureProducer', 'distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'Run',
-           'build_run', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption',
-           'train']
-
-# %% ../nbs/08_trainer.ipynb #b7f541f7
-class _Failure:
-    "An exception raised in the producer thread, handed to the consumer to re-raise."
-    def __init__(self, exc: BaseException): self.exc = exc
-
-class FeatureProducer:
-    "`Batch`es with target features on the drafter device: from a thread with a bounded queue, or inline."
-    def __init__(self,
-                 make: callable,              # (step, micro) -> host Batch
-                 features: callable,          # (input_ids, doc_ids) -> (S, n_t·H) on the target device, or a pair
-                                              # (features, (S, H) final-norm states) when the loss distils
-                 start_step: int, steps: int, accum: int,
-                 target_device: torch.device, drafter_device: torch.device,
-                 depth: int = 2, threaded: bool = True):
-        self.make, self.features = make, features
-        self.target_device, self.drafter_device = target_device, drafter_device
-        self.order = ((s, m) for s in range(start_step, steps) for m in range(accum))
-        cuda = target_device.type == "cuda"
-        self.target_stream = torch.cuda.Stream(target_device) if cuda else None
-        split = cuda and drafter_device != target_device
-        self.copy_stream = torch.cuda.Stream(target_device) if split else None
-        # the receiving side gets its own stream too: a cross-device copy makes the destination's *current* stream wait
-        # for it (and the copy wait for that stream), so on the drafter's default stream it would queue behind training
-        self.recv_stream = torch.cuda.Stream(drafter_device) if split and drafter_device.type == "cuda" else None
-        self.target_clock, self.copy_clock = Stopwatch(target_device), Stopwatch(target_device)
-        self.bytes, self.threaded = 0, threaded
-        # a new thread starts with the process default of intra-op threads, not the caller's torch.set_num_threads;
-        # CPU reductions split by thread count, so the producer adopts the caller's to give the inline results
-        self.intra_op_threads = torch.get_num_threads()
-        self.q, self.stop_flag, self.thread = queue.Queue(maxsize=max(1, depth)), threading.Event(), None
-        if threaded:
-            self.thread = threading.Thread(target=self._run, name="target-producer", daemon=True)
-            self.thread.start()
-
-    def _ctx(self, s): return torch.cuda.stream(s) if s is not None else contextlib.nullcontext()
-
-    def produce(self, step: int, micro: int) -> Batch:
-        "Host batch → target forward (target stream) → copy to the drafter device (copy stream) → ready event."
-        b = self.make(step, micro)
-        pin = self.drafter_device.type == "cuda"
-        with self._ctx(self.target_stream):
-            t = self.target_clock.start()
-            feats = self.features(b.input_ids, b.doc_ids)
-            feats, final = feats if isinstance(feats, tuple) else (feats, None)
-            self.target_clock.stop(t)
-        copy = self.copy_stream or self.target_stream
-        with self._ctx(self.recv_stream), self._ctx(copy):
-            if self.copy_stream is not None:
-                self.copy_stream.wait_stream(self.target_stream)
-                feats.record_stream(self.copy_stream)
-            t = self.copy_clock.start()
-            for k, v in b.tensors().items():   # small host tensors: pinned, asynchronous
-                setattr(b, k, (v.pin_memory() if pin else v).to(self.drafter_device, non_blocking=True))
-            b.features = feats.to(self.drafter_device, non_blocking=True)
-            if final is not None: b.target_final = final.to(self.drafter_device, non_blocking=True)
-            self.copy_clock.stop(t)
-            if copy is not None:  # recorded where every copy of this batch has landed (the peer copy joins recv_stream)
-                b.ready = torch.cuda.Event()
-                b.ready.record(self.recv_stream or copy)
-        if self.drafter_device != self.target_device:
-            self.bytes += sum(t.numel() * t.element_size() for t in (feats, final) if t is not None)
-        return b
-
-    def _run(self):
-        torch.set_num_threads(self.intra_op_threads)
-        try:
-            for step, micro in self.order:
-                item = self.produce(step, micro)
-                while not self.stop_flag.is_set():
-                    try:
-                        self.q.put(item, timeout=0.1)
-                        break
-                    except queue.Full: pass
-                if self.stop_flag.is_set(): return
-        except BaseException as e:  # hand the error to the consumer instead of dying silently
-            self.q.put(_Failure(e))
-
-    def get(self) -> Batch:
-        "Next batch; on GPU the current stream waits for its features (the host does not)."
-        if self.threaded:
-            item = self.q.get()
-            if isinstance(item, _Failure): raise RuntimeError("the target producer thread failed") from item.exc
-        else:
-            item = self.produce(*next(self.order))
-        if item.ready is not None:
-            cur = torch.cuda.current_stream(self.drafter_device)
-            item.ready.wait(cur)
-            for v in [item.features, *item.tensors().values()]: v.record_stream(cur)
-        return item
-
-    def depth(self) -> int: return self.q.qsize() if self.threaded else 0
-
-    def close(self):
-        self.stop_flag.set()
-        if self.thread is not None:
-            while self.thread.is_alive():
-                with contextlib.suppress(queue.Empty): self.q.get_nowait()
-                self.thread.join(timeout=0.05)
+__all__ = ['distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'Run', 'build_run',
+           'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
 
 # %% ../nbs/08_trainer.ipynb #ac3386b1
 def distill_features(features):
