@@ -545,7 +545,8 @@ def step_pipeline(a, rec):
     from dflash_nb.model import DrafterConfig
     from dflash_nb.target import TargetFeatures
     from dflash_nb.build import build_drafter, drafter_autocast, drafter_lm_head_weight, pick_backend
-    from dflash_nb.trainer import FeatureProducer, RowStream, TrainConfig, make_batch
+    from dflash_nb.rows import FeatureProducer, RowStream, make_batch
+    from dflash_nb.train_config import TrainConfig
     dev = device_for(a.dry_run)
     p, dims = PIPE[a.dry_run], TARGET_DIMS[a.dry_run]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -875,7 +876,7 @@ def step_target(a, rec):
     from target_packing import length_mix, row_costs
     from dflash_nb.anchors import make_packed_row
     from dflash_nb.target import TargetFeatures, fast_paths, packed_support
-    from dflash_nb.trainer import RowStream
+    from dflash_nb.rows import RowStream
     dev = device_for(a.dry_run)
     p, dims = TARGET_STEP[a.dry_run], TARGET_DIMS[a.dry_run]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32

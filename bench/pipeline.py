@@ -106,7 +106,9 @@ def main(argv=None):
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
     from dflash_nb.build import drafter_config, build_drafter, drafter_lm_head_weight, pick_backend, drafter_autocast
-    from dflash_nb.trainer import TrainConfig, train, RowStream, make_batch, load_samples
+    from dflash_nb.rows import RowStream, make_batch
+    from dflash_nb.train_config import TrainConfig
+    from dflash_nb.trainer import train, load_samples
     from dflash_nb.target import TargetFeatures, tiny_target
     from dflash_nb.attention import AnchorBlockLayout
     from dflash_nb.loss import block_loss

@@ -138,7 +138,7 @@ def smollm2_dir(work: Path) -> Path:
 
 def load_real_target(work: Path):
     "The real target as the trainer loads it (bf16 on CPUs with native bf16 matmul, else fp32) and its directory."
-    from dflash_nb.trainer import TargetConfig
+    from dflash_nb.train_config import TargetConfig
     from dflash_nb.build import build_target
     from dflash_nb.config import from_dict
     d = smollm2_dir(work)
@@ -214,7 +214,8 @@ def curve_steps(steps: int, points: int) -> list:
 
 def target_tokens(data_dir, cfg, steps: list) -> dict:
     "Target tokens run through (packed rows x their tokens) by each of `steps` optimizer steps, as the trainer packs."
-    from dflash_nb.trainer import RowStream, load_samples
+    from dflash_nb.rows import RowStream
+    from dflash_nb.trainer import load_samples
     stream = RowStream([int(n) for n in load_samples(data_dir).lengths], cfg.max_tokens, cfg.seed)
     out, total, row = {}, 0, 0
     for st in sorted(steps):
@@ -240,7 +241,8 @@ def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eva
                       curve: int = 0) -> dict:
     "One training run of one variant and seed, then τ on the held-out samples (and at `curve` checkpoints)."
     from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig, train
+    from dflash_nb.train_config import TrainConfig
+    from dflash_nb.trainer import train
     from dflash_nb.checkpoint import load_checkpoint
     from dflash_nb.target import TargetFeatures
     import shutil

@@ -27,7 +27,7 @@ import torch
 
 from dflash_nb.anchors import make_packed_row
 from dflash_nb.target import TargetFeatures, bucket_spans, document_spans, tiny_target
-from dflash_nb.trainer import RowStream
+from dflash_nb.rows import RowStream
 
 ROW, MAX_BATCH_TOKENS, MAX_LEN = 4096, 16384, 8192
 

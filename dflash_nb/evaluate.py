@@ -197,7 +197,7 @@ def load_target_spec(
         return tiny_target(dtype=getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)).to(dev)
     if str(spec).endswith((".yaml", ".yml")):
         from dflash_nb.config import load_config
-        from dflash_nb.trainer import TrainConfig
+        from dflash_nb.train_config import TrainConfig
         from dflash_nb.build import build_target
         tc = load_config(TrainConfig, spec).target
         if dtype: tc.dtype = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
@@ -231,7 +231,7 @@ def _tokenizer_for(spec: str, override=None):
         return load_tokenizer(qwen3_tokenizer_dir())
     if str(spec).endswith((".yaml", ".yml")):
         from dflash_nb.config import load_config
-        from dflash_nb.trainer import TrainConfig
+        from dflash_nb.train_config import TrainConfig
         from dflash_nb.build import tokenizer_dir
 
         return load_tokenizer(tokenizer_dir(load_config(TrainConfig, spec).target))

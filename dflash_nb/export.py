@@ -199,7 +199,7 @@ def checkpoint_drafter_config(ckpt):
     from types import SimpleNamespace
     from dflash_nb.config import load_config, from_dict, read_document
     from dflash_nb.model import DrafterConfig
-    from dflash_nb.trainer import TrainConfig
+    from dflash_nb.train_config import TrainConfig
     from dflash_nb.build import drafter_config, tokenizer_dir
     from dflash_nb.records import load_tokenizer
 

@@ -15,7 +15,8 @@ from .records import DataConfig
 from dflash_nb.build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line)
-from .trainer import TrainConfig, train, NonFiniteError
+from .train_config import TrainConfig
+from .trainer import train, NonFiniteError
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
@@ -41,7 +42,7 @@ class EvalConfig:
 
 @dataclass
 class RunConfig:
-    train: TrainConfig = opt(TrainConfig(), "the trainer (dflash_nb.trainer.TrainConfig)")
+    train: TrainConfig = opt(TrainConfig(), "the trainer (dflash_nb.train_config.TrainConfig)")
     data: DataConfig = opt(DataConfig(), "tokenization of `inputs` and of regenerated completions "
                                          "(dflash_nb.records.DataConfig)")
     inputs: list[str] = opt([], "raw JSONL inputs tokenized into <run_dir>/data/train before training (paths, globs, "

@@ -39,7 +39,7 @@ def train_dict(run_dir, data_dir, **kw):
 
 def train_cfg(run_dir, data_dir, **kw):
     from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig
+    from dflash_nb.train_config import TrainConfig
     return from_dict(TrainConfig, train_dict(run_dir, data_dir, **kw))
 
 

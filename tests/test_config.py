@@ -107,7 +107,7 @@ def test_help_names_real_types_and_hides_test_knobs():
 def test_yaml_words_for_literal_choices():
     "YAML 1.1 reads `off` as False: `train.amp=off` on the command line must mean the choice 'off', not be refused."
     from dflash_nb.config import from_dict, apply_overrides
-    from dflash_nb.trainer import TrainConfig
+    from dflash_nb.train_config import TrainConfig
     assert from_dict(TrainConfig, apply_overrides({}, ["amp=off"])).amp == "off"
     assert from_dict(TrainConfig, apply_overrides({}, ["amp=bfloat16"])).amp == "bfloat16"
     with pytest.raises(ConfigError, match="amp: expected one of"):

@@ -149,7 +149,8 @@ def test_refuses_frozen_weights_and_wrong_target(setup, tmp_path):
 def test_checkpoint_cli(tmp_path):
     "A real (2-step) training run's checkpoint → `python -m dflash_nb.export` → loads with the same weights and config."
     from dflash_nb.config import from_dict
-    from dflash_nb.trainer import TrainConfig, train
+    from dflash_nb.train_config import TrainConfig
+    from dflash_nb.trainer import train
     from dflash_nb.checkpoint import resolve_checkpoint
     from dflash_nb.records import qwen3_tokenizer_dir, DataConfig
     from dflash_nb.inputs import synthetic_records, write_jsonl

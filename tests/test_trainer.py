@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest, torch
 from _trainer_common import (make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO)
 from _trainer_common import intra_op_threads, SUBPROCESS_THREADS
-from dflash_nb.trainer import train, NonFiniteError, RowStream, rank_row
+from dflash_nb.rows import RowStream, rank_row
+from dflash_nb.trainer import train, NonFiniteError
 from dflash_nb.checkpoint import load_checkpoint, load_rngs
 
 

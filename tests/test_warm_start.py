@@ -10,7 +10,8 @@ import dflash.model as dflash_model
 
 from _trainer_common import TINY, make_data, run_module, train_dict, write_run_config
 from dflash_nb.config import ConfigError, apply_overrides, from_dict
-from dflash_nb.trainer import TrainConfig, train
+from dflash_nb.train_config import TrainConfig
+from dflash_nb.trainer import train
 
 T = TINY["target"]["tiny"]
 MASK = 151669
