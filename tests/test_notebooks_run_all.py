@@ -7,6 +7,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,11 +34,17 @@ def test_run_all_in_a_fresh_kernel(nb, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp))           # the kernel's tempfile.* land here: we can see leftovers
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     before = _repo_state()
-    client = NotebookClient(nbformat.read(nb, as_version=4), timeout=BUDGET_S, kernel_name="python3",
+    # IPC sockets under tmp_path, not TCP ports: kernels started at the same moment by parallel test workers would
+    # otherwise race for the same free port ("Kernel died before replying to kernel_info")
+    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(tmp_path / "kernel-ipc"))
+    client = NotebookClient(nbformat.read(nb, as_version=4), km=km, timeout=BUDGET_S, kernel_name="python3",
                             resources={"metadata": {"path": str(nb.parent)}})
     t0 = time.perf_counter()
-    client.execute()                                  # raises CellExecutionError naming the cell on any failure
-    took = time.perf_counter() - t0
+    try:
+        client.execute()                              # raises CellExecutionError naming the cell on any failure
+    finally:
+        took = time.perf_counter() - t0
+        if km.has_kernel: km.shutdown_kernel()        # a km we pass in is ours to stop (its atexit hooks run then)
     assert took < BUDGET_S, f"{nb.name} took {took:.0f} s (budget {BUDGET_S} s)"
     assert _repo_state() == before, f"{nb.name} left files behind: {sorted(_repo_state() ^ before)[:10]}"
     left = [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")]   # torch's compile cache is not ours
