@@ -19,8 +19,8 @@ from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
 # %% auto #0
-__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'regenerate',
-           'measure_tau', 'export', 'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run',
+__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'float32_on_cpu',
+           'regenerate', 'measure_tau', 'export', 'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run',
            'next_demo_dir', 'generation_key', 'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
@@ -105,10 +105,27 @@ def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], g
         gen = gen[:min(n, len(gen) - 1)]
     return "", 0
 
+@contextlib.contextmanager
+def float32_on_cpu(model):
+    "Inside the block `model` computes in float32 if it lives on the CPU; every parameter and buffer is restored after."
+    if next(model.parameters()).device.type != "cpu": yield model; return
+    held = [(m, k, t.data) for m in model.modules() for k, t in (*m._parameters.items(), *m._buffers.items())
+            if t is not None]                      # the tensors themselves: restoring them is exact, not a re-cast
+    model.float()
+    try: yield model
+    finally:
+        for m, k, data in held:
+            if k in m._parameters: m._parameters[k].data = data
+            else: m._buffers[k] = data
+
 @torch.inference_mode()
 def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_tokens: int = 64, batch_size: int = 32,
                data_cfg: DataConfig | None = None) -> dict:
     "Complete each prompt greedily with the target; write chat JSONL that tokenizes to exactly prompt + target tokens."
+    with float32_on_cpu(target): return _regenerate(target, tokenizer, prompts, out_path, max_new_tokens, batch_size,
+                                                    data_cfg)
+
+def _regenerate(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg) -> dict:
     from dflash_nb.records import ChatRenderer, SampleEncoder
     data_cfg = data_cfg or DataConfig()
     renderer = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs)
