@@ -192,6 +192,7 @@ def load_target_spec(
 ):
     "The target CausalLM named on the command line."
     from dflash_nb.target import tiny_target, load_target
+    from dflash_nb.progress import stage
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec == "tiny":
         return tiny_target(dtype=getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)).to(dev)
@@ -201,8 +202,9 @@ def load_target_spec(
         from dflash_nb.build import build_target
         tc = load_config(TrainConfig, spec).target
         if dtype: tc.dtype = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-        return build_target(tc, dev)
-    return load_target(spec, dtype=dtype, device=dev)
+        with stage(f"loading the target ({tc.path or 'tiny'})"): return build_target(tc, dev)
+    with stage(f"loading the target ({spec})"):   # minutes for a large checkpoint: a line that says so, not silence
+        return load_target(spec, dtype=dtype, device=dev)
 
 def load_drafter_dir(
     path,                  # an exported directory (config.json), or a trainer checkpoint / run dir
