@@ -57,7 +57,9 @@ def test_variant_overrides_scale_the_setup_and_gamma():
     assert quality.variant_config(setup, quality.VARIANTS["anchors_x4"])["max_anchors"] == 4 * setup["train"]["max_anchors"]
     assert quality.variant_config(setup, quality.VARIANTS["gamma_x2"])["gamma"] == 2 * 4.0   # block 8: γ = 4 by default
     d = quality.variant_config(setup, quality.VARIANTS["distill"])
-    assert d["loss"] == {"distill_weight": 0.5} and d["optim"] == setup["train"]["optim"]
+    assert d["loss"] == {"weighting": "decay", "distill_weight": 0.5} and d["optim"] == setup["train"]["optim"]
+    assert quality.variant_config(setup, quality.VARIANTS["dpace"])["loss"] == {"weighting": "dpace"}
+    assert quality.variant_config(setup, quality.VARIANTS["base"])["loss"] == {"weighting": "decay"}   # pinned
     assert quality.variant_config(setup, quality.VARIANTS["lr_x2"])["optim"]["lr"] == 2 * setup["train"]["optim"]["lr"]
     assert json.dumps(setup) == before                                # the setup itself is never changed
     assert quality.curve_steps(100, 5) == [20, 40, 60, 80, 100] and quality.curve_steps(10, 3) == [3, 6, 9, 10]
