@@ -3,7 +3,8 @@
 Every variant trains on the same tokenized data for the same number of optimizer steps, rows and tokens — so the same
 target forwards, the cost that dominates at scale — from 3 seeds, and is measured with the project's evaluator (greedy
 speculative-decoding walk) on held-out samples the training never saw. Per variant it prints τ mean ± sd over seeds, the
-difference to the baseline in % with Welch's t-test over seeds and a paired bootstrap over held-out samples, and the
+difference to the baseline in % with Welch's t-test over seeds, a t-test paired by seed (same seed: same drafter init,
+data order and anchors) and a paired bootstrap over held-out samples, and the
 cost next to it: wall seconds, the drafter's busy share, the target layers run per forward.
 
 Data: the demo's tiny Qwen3 target (6 layers, fixed-seed weights) completes templated chat prompts greedily (up to 160
@@ -334,6 +335,18 @@ def welch(a: list, b: list) -> dict:
     return dict(t=t, df=df, p=t_two_sided_p(t, df))
 
 
+def paired_t(a: list, b: list) -> dict:
+    "Paired t-test of mean(a − b) (a pair: two runs of one seed, same drafter init, data order and anchors): t, df, p."
+    d = [x - y for x, y in zip(a, b)]
+    n = len(d)
+    if n < 2: return dict(t=None, df=None, p=None)
+    m = sum(d) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1))
+    if sd == 0: return dict(t=None, df=n - 1, p=None)
+    t = m / (sd / math.sqrt(n))
+    return dict(t=t, df=n - 1, p=t_two_sided_p(t, n - 1))
+
+
 def paired_bootstrap(var: list[list[float]], base: list[list[float]], n: int = 2000, seed: int = 0) -> dict:
     "Bootstrap over held-out samples of the mean per-sample τ difference (seed-averaged, paired by sample): CI and p."
     ns = len(var[0])
@@ -364,14 +377,17 @@ def summarize(records: list[dict], setups: list[str], variants: list[str]) -> di
                                      for k in range(len(rs[0]["per_position"]))])
             if v != "base" and base:
                 bt = [r["tau"] for r in base]
-                bm = sum(bt) / len(bt)
-                row["diff_pct"] = 100 * (m - bm) / bm
                 row["welch"] = welch(taus, bt)
                 # paired by sample over the seeds both have (a variant may have fewer seeds than the baseline)
                 common = [sd for sd in row["seeds"] if sd in {r["seed"] for r in base}]
                 pair = lambda runs: [r["per_sample_tau"] for r in runs if r["seed"] in common]
                 row["bootstrap"] = paired_bootstrap(pair(rs), pair(base)) if common else None
                 row["bootstrap_seeds"] = common
+                # and by seed: the same seed's variant and base runs differ only by the lever
+                same = lambda runs: [next(r["tau"] for r in runs if r["seed"] == sd) for sd in common]
+                row["paired_t"] = paired_t(same(rs), same(base))
+                # the difference in %, on the seeds both have (the baseline may have more seeds than a variant)
+                row["diff_pct"] = 100 * (sum(same(rs)) - sum(same(base))) / sum(same(base)) if common else None
             rows[v] = row
         out[s] = rows
     return out
@@ -380,15 +396,15 @@ def summarize(records: list[dict], setups: list[str], variants: list[str]) -> di
 def table(summary: dict) -> str:
     lines = []
     for s, rows in summary.items():
-        lines.append(f"\n{s}: tau on held-out samples, mean ± sd over seeds (greedy)")
-        lines.append(f"  {'variant':14s} {'tau':>15s} {'vs base':>9s} {'Welch p':>8s} {'boot p':>7s} {'train s':>8s} "
-                     f"{'drafter':>8s} {'target layers':>14s}")
+        lines.append(f"\n{s}: tau on held-out samples, mean ± sd over seeds (greedy); vs base: on the same seeds")
+        lines.append(f"  {'variant':14s} {'tau':>15s} {'vs base':>9s} {'Welch p':>8s} {'paired p':>8s} {'boot p':>7s} "
+                     f"{'train s':>8s} {'drafter':>8s} {'target layers':>14s}")
         for v, r in rows.items():
-            w = r.get("welch") or {}
-            b = r.get("bootstrap") or {}
+            w, pt, b = r.get("welch") or {}, r.get("paired_t") or {}, r.get("bootstrap") or {}
             fmt = lambda x, f: (f % x) if x is not None else "-"
             lines.append(f"  {v:14s} {r['tau_mean']:8.3f} ± {r['tau_sd']:.3f} {fmt(r.get('diff_pct'), '%+8.1f%%')} "
-                         f"{fmt(w.get('p'), '%8.3f')} {fmt(b.get('p'), '%7.3f')} {r['train_wall_s']:8.1f} "
+                         f"{fmt(w.get('p'), '%8.3f')} {fmt(pt.get('p'), '%8.3f')} {fmt(b.get('p'), '%7.3f')} "
+                         f"{r['train_wall_s']:8.1f} "
                          f"{100 * r['drafter_busy']:7.0f}% {r['target_layers_run']:>6d} of {r['target_layers']:<5d}")
     return "\n".join(lines)
 

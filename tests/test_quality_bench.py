@@ -32,6 +32,10 @@ def test_statistics():
     assert w["p"] == pytest.approx(0.0704, abs=2e-3)                  # two-sided p of t = -2.449 with 4 df
     assert quality.t_two_sided_p(0.0, 5) == pytest.approx(1.0) and quality.t_two_sided_p(1.96, 1e6) == pytest.approx(0.05, abs=1e-3)
     assert quality.welch([1.0], [2.0, 3.0])["p"] is None
+    # paired by seed: differences 1, 1, 0.5 -> t = 5.0 with 2 df, p = 0.0377; Welch on the same numbers sees no effect
+    pt = quality.paired_t([2.0, 3.0, 4.0], [1.0, 2.0, 3.5])
+    assert pt["t"] == pytest.approx(5.0) and pt["df"] == 2 and pt["p"] == pytest.approx(0.0377, abs=1e-3)
+    assert quality.welch([2.0, 3.0, 4.0], [1.0, 2.0, 3.5])["p"] > 0.3
     # the paired bootstrap: a constant improvement is significant, noise around 0 is not
     base = [[1.0, 1.5, 2.0, 1.2] * 10]
     b = quality.paired_bootstrap([[x + 0.3 for x in base[0]]], base)
