@@ -108,7 +108,9 @@ def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], g
 @contextlib.contextmanager
 def float32_on_cpu(model):
     "Inside the block `model` computes in float32 if it lives on the CPU; every parameter and buffer is restored after."
-    if next(model.parameters()).device.type != "cpu": yield model; return
+    if next(model.parameters()).device.type != "cpu":
+        yield model
+        return
     held = [(m, k, t.data) for m in model.modules() for k, t in (*m._parameters.items(), *m._buffers.items())
             if t is not None]                      # the tensors themselves: restoring them is exact, not a re-cast
     model.float()
