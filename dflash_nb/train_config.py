@@ -64,8 +64,9 @@ class OptimConfig:
 # %% ../nbs/08_train_config.ipynb #1bfa8f15
 @dataclass
 class LossConfig:
-    weighting: Literal["decay", "dpace"] = opt("dpace", "slot weights: dpace = D-PACE, from the drafter's own per-slot "
-                                                        "confidence; decay = exp(-(k-1)/gamma) per slot k (the paper's)")
+    weighting: Literal["decay", "dpace"] = opt("dpace", "slot weights: dpace = D-PACE, from the drafter's own "
+                                                        "per-slot confidence; decay = exp(-(k-1)/gamma) per slot k "
+                                                        "(the paper's)")
     dpace_alpha: float = opt(0.5, "D-PACE smoothing of the confidences toward 1", gt=0, max=1)
     distill_weight: float = opt(0.0, "online distillation: per slot (1-w)·CE(data token) + w·KL(target || drafter), "
                                      "the target's logits "
