@@ -124,10 +124,11 @@ def float32_on_cpu(model):
 def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_tokens: int = 64, batch_size: int = 32,
                data_cfg: DataConfig | None = None) -> dict:
     "Complete each prompt greedily with the target; write chat JSONL that tokenizes to exactly prompt + target tokens."
-    with float32_on_cpu(target): return _regenerate(target, tokenizer, prompts, out_path, max_new_tokens, batch_size,
-                                                    data_cfg)
+    with float32_on_cpu(target):     # exact greedy tokens, at no cost on a CPU (see above)
+        return _complete_and_check(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg)
 
-def _regenerate(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg) -> dict:
+def _complete_and_check(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg) -> dict:
+    "`regenerate`'s work: batched greedy completions, each checked by a batch-1 forward and the text round trip."
     from dflash_nb.records import ChatRenderer, SampleEncoder
     data_cfg = data_cfg or DataConfig()
     renderer = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs)
