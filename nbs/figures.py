@@ -177,9 +177,9 @@ def quality(summary: dict):
                 color = "0.4" if v == "base" else "tab:blue"
                 ax.errorbar(j, r["tau_mean"], yerr=r["tau_sd"], fmt="o", ms=7, capsize=5, color=color)
                 ax.plot([j + 0.18] * len(r["taus"]), r["taus"], ".", ms=6, color="k", alpha=0.6)
-                if base and v != "base":   # the summary's difference: on the seeds both have
-                    diff = r.get("diff_pct", 100 * (r["tau_mean"] / base - 1)) / 100
-                    ax.annotate(f"{diff:+.1%}", (j, r["tau_mean"] + r["tau_sd"]), ha="center",
+                diff = r.get("diff_pct")   # the summary's difference: on the seeds both have (None: no seed in common)
+                if base and v != "base" and diff is not None:
+                    ax.annotate(f"{diff / 100:+.1%}", (j, r["tau_mean"] + r["tau_sd"]), ha="center",
                                 va="bottom", xytext=(0, 4), textcoords="offset points", fontsize=9)
             if base:
                 ax.axhline(base, color="0.4", lw=0.8, ls=":")
