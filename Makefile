@@ -51,6 +51,8 @@ lint: install
 	  awk 'NR == 1 && /^"""/ {print ""; next} /^__all__ = \[/ {a = 1} a {print ""; if (/\]$$/) a = 0; next} {print}' "$$f" \
 	    | $(VENV)/bin/ruff check --quiet --stdin-filename "$$f" - || rc=1; done; \
 	[ $$rc = 0 ] && echo "lint: dflash_nb, kernels and bench clean"; exit $$rc
+	@# exported cells: the median at most 15 lines, a cell over 60 only when named with its reason
+	$(PY) tests/test_cell_sizes.py
 
 # slow cells run in CI too; gpu cells only where a CUDA device is present
 TEST_FLAGS := slow $(shell $(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else '')" 2>/dev/null)

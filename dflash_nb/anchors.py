@@ -84,6 +84,7 @@ def valid_anchor_mask(loss_mask: torch.Tensor,  # (S,) bool
         v[:-1] = lm[:-1] & lm[1:] & (doc_ids[:-1] == doc_ids[1:]) & (doc_ids[:-1] >= 0)
     return v
 
+# %% ../nbs/02_anchors.ipynb #f093282f
 def sample_anchors(loss_mask: torch.Tensor,  # (S,) bool
                    doc_ids: torch.Tensor,    # (S,) long, -1 = padding
                    block_size: int,          # B (blocks may run past a document's end; those slots get no label weight)
@@ -123,6 +124,7 @@ def anchor_block_labels(input_ids: torch.Tensor,  # (S,) long
     valid[:, 0] = False                                                # slot 0 holds the clean anchor token
     return labels, valid
 
+# %% ../nbs/02_anchors.ipynb #f1f24b88
 def block_position_ids(position_ids: torch.Tensor,  # (S,) long, per-document positions
                        anchors: torch.Tensor,       # (N,) long
                        block_size: int,             # B
@@ -131,6 +133,7 @@ def block_position_ids(position_ids: torch.Tensor,  # (S,) long, per-document po
     k = torch.arange(block_size, device=anchors.device)
     return (position_ids[anchors.long()][:, None] + k).reshape(-1)
 
+# %% ../nbs/02_anchors.ipynb #6cd08f3c
 def block_input_ids(input_ids: torch.Tensor,  # (S,) long
                     anchors: torch.Tensor,    # (N,) long
                     keep: torch.Tensor,       # (N,) bool

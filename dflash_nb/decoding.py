@@ -263,6 +263,7 @@ def _as_proposer(drafter, block_size, backend, chunk):
     if hasattr(drafter, "propose"): return drafter
     return DrafterProposer(drafter, block_size=block_size, backend=backend, max_anchors=chunk)
 
+# %% ../nbs/09_decoding.ipynb #51f46852
 def _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend):
     "What a decoding loop needs: block size, target layer ids, a proposer, the target's device and the prompt on it."
     cfg = getattr(drafter, "config", None)
@@ -271,6 +272,7 @@ def _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend):
     dev = model.get_input_embeddings().weight.device
     return B, layer_ids, _as_proposer(drafter, B, backend, 1), dev, torch.as_tensor(prompt_ids).long().to(dev)
 
+# %% ../nbs/09_decoding.ipynb #66bbb50d
 def _as_features(target, layer_ids):
     from dflash_nb.target import TargetFeatures
     if isinstance(target, TargetFeatures): return target
@@ -325,11 +327,13 @@ def _model_kwargs_cache_name(model) -> str:
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
+# %% ../nbs/09_decoding.ipynb #4a0c253d
 def _crop_cache(cache, length: int):
     "Crop a DynamicCache to `length` tokens (negative crop = tokens to remove: works in transformers 4.x and 5.x)."
     remove = cache.get_seq_length() - int(length)
     if remove > 0: cache.crop(-remove)
 
+# %% ../nbs/09_decoding.ipynb #359d0e38
 @contextlib.contextmanager
 def capture_layers(model, layer_ids):
     "Forward hooks on the target's decoder layers `layer_ids`; yields a dict of each layer's output at every forward."
@@ -345,6 +349,7 @@ def capture_layers(model, layer_ids):
     finally:
         for h in handles: h.remove()
 
+# %% ../nbs/09_decoding.ipynb #e80bbce0
 def _features_from(store, layer_ids) -> torch.Tensor:
     "(T, n_t·H) from the captured (1, T, H) layer outputs, in `layer_ids` order (the drafter's fc input order)."
     return torch.cat([store[i][0] for i in layer_ids], dim=-1)
@@ -364,6 +369,7 @@ def _cache_mode(model, cache: str) -> str:
     snapshot_ok = types <= {"full_attention", "linear_attention"} and _linear_cache_layers_known()
     return "snapshot" if snapshot_ok else "recompute"
 
+# %% ../nbs/09_decoding.ipynb #82e020d4
 def _linear_cache_layers_known() -> bool:
     "transformers ≥ 5 keeps linear-attention state in cache layers whose tensors can be copied and restored."
     try: from transformers.cache_utils import LinearAttentionCacheLayerMixin  # noqa: F401
@@ -375,11 +381,13 @@ def _linear_layers(cache) -> list:
     "The cache layers that hold a linear-attention (Gated DeltaNet) conv state and recurrent state."
     return [layer for layer in cache.layers if hasattr(layer, "recurrent_states") and hasattr(layer, "conv_states")]
 
+# %% ../nbs/09_decoding.ipynb #1d59a599
 def snapshot_linear_state(cache) -> list:
     "Copies of every linear-attention layer's conv and recurrent states: the part of a hybrid cache `crop` can't undo."
     copy = lambda states: {i: t.clone() for i, t in states.items() if t is not None}
     return [(layer, copy(layer.conv_states), copy(layer.recurrent_states)) for layer in _linear_layers(cache)]
 
+# %% ../nbs/09_decoding.ipynb #ac138003
 def restore_cache(
     cache,         # the DynamicCache of a hybrid target
     snapshot,      # `snapshot_linear_state(cache)` taken when the cache held `length` tokens
@@ -400,6 +408,7 @@ def _generator(generator, seed, device):
     if generator is not None or seed is None: return generator
     return torch.Generator(device=device).manual_seed(int(seed))
 
+# %% ../nbs/09_decoding.ipynb #042c7f26
 @torch.inference_mode()
 def sample_generate(
     model,                 # transformers CausalLM
@@ -457,6 +466,7 @@ def _sampled_drafts(proposer, seq, ctx, a, cap, temperature, top_p, top_k, gen, 
     d = proposer.propose(seq, ctx, anchor)[0, :cap].to(dev)
     return d, nn.functional.one_hot(d, vocab_size).float()
 
+# %% ../nbs/09_decoding.ipynb #de1192b0
 def _drafter_generator(proposer, gen, pdev):
     "A generator on the drafter's device, seeded once from `gen` (device pairs: target and drafter on different GPUs)."
     g = getattr(proposer, "_gen", None)
@@ -576,6 +586,7 @@ def _median_seconds(fn, device, repeats: int) -> float:
         if i: ts.append(time.perf_counter() - t)
     return sorted(ts)[len(ts) // 2]
 
+# %% ../nbs/09_decoding.ipynb #36ef9640
 @torch.inference_mode()
 def forward_costs(
     drafter,               # DFlashDrafter or a proposer

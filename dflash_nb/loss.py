@@ -22,6 +22,7 @@ def default_gamma(block_size: int) -> float:
     if block_size < 2: raise ValueError(f"block_size must be >= 2 (an anchor and one predicted slot), got {block_size}")
     return _PAPER_GAMMA.get(block_size, float(max(1, block_size // 2 - block_size // 16)))
 
+# %% ../nbs/06_loss.ipynb #da1260d4
 def slot_weights(block_size: int,        # B, slots per block (slot 0 is the anchor)
                  gamma: float | None = None, # decay constant; None = `default_gamma(block_size)`
                  device=None, dtype=torch.float32) -> torch.Tensor:
@@ -44,7 +45,7 @@ def _acc_dtype(weight: torch.Tensor) -> torch.dtype:
     "Dtype of the logits and of everything after them: fp32, or fp64 when the lm_head is fp64 (gradcheck)."
     return torch.float64 if weight.dtype == torch.float64 else torch.float32
 
-
+# %% ../nbs/06_loss.ipynb #bd01e0eb
 def _check_shapes(hidden, weight, labels, valid, target_logits, target_hidden=None):
     if labels.dim() != 2 or valid.shape != labels.shape:
         raise ValueError(f"labels and valid must both be (N, B), got {tuple(labels.shape)} and {tuple(valid.shape)}")
@@ -69,7 +70,7 @@ def _check_shapes(hidden, weight, labels, valid, target_logits, target_hidden=No
             )
     return N, B
 
-
+# %% ../nbs/06_loss.ipynb #e792ffd9
 def _combine(ce, kl, pred, labels, valid, gamma, weighting, dpace_alpha, distill_weight) -> BlockLossOutput:
     "Shared tail of the naive and chunked losses: per-slot terms (N, B) → weighted mean + accuracy counters."
     N, B = labels.shape
@@ -133,12 +134,12 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             _MM_OUT_DTYPE_OK[key] = False
     return (h @ weight.T).float()
 
-
+# %% ../nbs/06_loss.ipynb #fb647dfd
 def _target_chunk(target, s: int, e: int, weight, is_hidden: bool, dtype) -> torch.Tensor:
     "Rows s:e of the target's logits: sliced, or recomputed from its final hidden states through the shared lm_head."
     return _chunk_logits(target[s:e], weight).to(dtype) if is_hidden else target[s:e].to(dtype)
 
-
+# %% ../nbs/06_loss.ipynb #d4f789c2
 class _ChunkedLinearCE(torch.autograd.Function):
     "Per-row CE (and optional KL to the target) of `hidden @ weight.T`, never holding more than one chunk of logits."
 
@@ -227,7 +228,7 @@ def auto_chunk_blocks(block_size: int, vocab_size: int, chunk_bytes: int = DEFAU
     "Blocks per chunk so that one chunk's fp32 logits (chunk·B×V×4 bytes) fit in `chunk_bytes` (at least 1)."
     return max(1, chunk_bytes // (block_size * vocab_size * 4))
 
-
+# %% ../nbs/06_loss.ipynb #2f858476
 def block_loss(
     hidden: torch.Tensor,  # (N·B, H) drafter hidden states after the final norm, any float dtype
     lm_head_weight: torch.Tensor,  # (V, H) lm_head shared with the target; frozen ⇒ no grad computed for it
@@ -279,7 +280,7 @@ def slot_accuracy(
     "Per-slot top-1 accuracy (B,) float64; 0 where a slot had no valid position (no evidence counts as no acceptance)."
     return slot_correct.double() / slot_count.double().clamp_min(1)
 
-
+# %% ../nbs/06_loss.ipynb #d29bbe28
 def expected_acceptance_length(slot_accuracy: torch.Tensor | Sequence[float]) -> float:
     "τ = 1 + Σ_{k=1}^{B−1} Π_{i=1}^{k} acc_i (slot 0 ignored), treating per-slot acceptances as independent."
     acc = torch.as_tensor(slot_accuracy, dtype=torch.float64).detach().cpu().reshape(-1)

@@ -18,7 +18,7 @@ def check_window(window: int | None) -> None:
     if window is not None and int(window) < 1:
         raise ValueError(f"sliding window must be >= 1 (it counts the query itself), got {window}")
 
-
+# %% ../nbs/03_masks.ipynb #372b4a08
 def serving_visible(
     q_pos: torch.Tensor,  # query positions (broadcast against k_pos)
     k_pos: torch.Tensor,  # key positions
@@ -101,7 +101,7 @@ def document_starts(
         first[1:] = doc_ids[1:] != doc_ids[:-1]
     return torch.where(first, idx, torch.zeros_like(idx)).cummax(0).values
 
-
+# %% ../nbs/03_masks.ipynb #e4f1910b
 def anchor_context_ranges(
     anchors: torch.Tensor,  # (N,) anchor positions
     keep: torch.Tensor,  # (N,) bool, False for padded anchors
@@ -145,7 +145,7 @@ def own_slot_range(
             hi = torch.clamp(slot + window, max=block_size)
     return lo, hi
 
-
+# %% ../nbs/03_masks.ipynb #ec550c6c
 def row_context_ranges(
     ctx_start: torch.Tensor,
     ctx_end: torch.Tensor,  # (N,) block ranges from anchor_context_ranges
@@ -160,7 +160,7 @@ def row_context_ranges(
         lo = torch.maximum(lo, hi + q % B + 1 - window)
     return torch.minimum(lo, hi), hi
 
-
+# %% ../nbs/03_masks.ipynb #57512796
 def ranges_to_dense(
     ctx_start: torch.Tensor,
     ctx_end: torch.Tensor,  # (N,) context ranges
@@ -214,12 +214,12 @@ def anchor_block_mask_mod(anchors: torch.Tensor,  # (N,) anchor positions
 def _tile_sizes(BLOCK_SIZE):
     return (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
 
-
+# %% ../nbs/03_masks.ipynb #1551d1c8
 def _overlap(lo, hi, t0, t1):
     "Length of [lo, hi) ∩ [t0, t1), broadcast."
     return (torch.minimum(hi, t1) - torch.maximum(lo, t0)).clamp(min=0)
 
-
+# %% ../nbs/03_masks.ipynb #d39daf33
 def _ordered(dense: torch.Tensor):
     "(num, indices) in torch's own order: selected tiles ascending, then the rest ascending (stable argsort)."
     dense = dense.to(torch.int32)
@@ -228,7 +228,7 @@ def _ordered(dense: torch.Tensor):
         torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32).contiguous(),
     )
 
-
+# %% ../nbs/03_masks.ipynb #dd7eb4a4
 def _block_mask(kv_num, kv_idx, full_num, full_idx, q_num, q_idx, fq_num, fq_idx, TQ, TK, mask_mod, seq_lengths):
     "Assemble a BlockMask whose q-side tiles are already known (skips torch's slow dense round trip)."
     try:
@@ -250,7 +250,7 @@ def _block_mask(kv_num, kv_idx, full_num, full_idx, q_num, q_idx, fq_num, fq_idx
             kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=(TQ, TK), mask_mod=mask_mod, seq_lengths=seq_lengths
         )
 
-
+# %% ../nbs/03_masks.ipynb #602169e5
 def block_mask_from_ranges(
     ctx_start: torch.Tensor,
     ctx_end: torch.Tensor,  # (N,) context ranges

@@ -160,15 +160,18 @@ class RunLog:
         if self.f: self.f.close()
         if self.tracker is not None: self.tracker.close()
 
+# %% ../nbs/08_metrics.ipynb #844afe2f
 def _num(v, spec: str) -> str:
     "A measured number formatted with `spec`; '—' when it was not measured (None or NaN)."
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
+# %% ../nbs/08_metrics.ipynb #a121d9a0
 def _bar_fields(rec: dict) -> dict:
     "The last interval's measurements shown next to the step bar."
     return {"loss": _num(rec.get("loss"), ".3f"), "acc@1": _num((rec.get("acc") or [None])[0], ".2f"),
             "tok/s": _num(rec.get("tokens_per_s"), ",.0f")}
 
+# %% ../nbs/08_metrics.ipynb #d0385e29
 def log_line(rec: dict) -> str:
     "The line an interval record prints: the measurements, or an event and its fields."
     if "event" in rec:
@@ -180,7 +183,6 @@ def log_line(rec: dict) -> str:
             f"target {rec['target_busy']:.0%} drafter {rec['drafter_busy']:.0%} wait {rec['drafter_wait']:.0%}  "
             f"q {rec['queue_depth']:.1f}  skipped {rec['nonfinite_total']}  "
             f"elapsed {fmt_duration(rec.get('elapsed_s'))} ETA {fmt_duration(rec.get('eta_s'))}")
-
 
 # %% ../nbs/08_metrics.ipynb #8796e6e3
 def projected_cost(rec: dict,              # the first measured interval's record (target_busy, drafter_busy)
@@ -200,6 +202,7 @@ def projected_cost(rec: dict,              # the first measured interval's recor
             "balanced_anchors_per_row": max(1, round(anchors_per_row * tb / db)) if db > 0 else None,
             "assumption": "drafter time proportional to the anchors per row; target time independent of them"}
 
+# %% ../nbs/08_metrics.ipynb #45860340
 def format_cost(c: dict) -> str:
     "Two lines: the projected time, and the side that bounds a step with the anchors that would balance a split pair."
     from dflash_nb.progress import fmt_duration

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .config import opt
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LayerType', 'SERVING_ARCH', 'default_target_layer_ids', 'check_target_layer_ids', 'DrafterConfig',
@@ -49,7 +50,7 @@ def check_target_layer_ids(layer_ids, num_target_layers: int) -> list[int]:
         )
     return ids
 
-
+# %% ../nbs/05_model.ipynb #1e6f3b98
 @dataclass
 class DrafterConfig:
     "Shape of a DFlash drafter; `None` dimensions are taken from the target by `from_target`."
@@ -153,7 +154,7 @@ def _target_rope(tc) -> tuple[float, dict | None]:
         scaling = None
     return theta, scaling
 
-
+# %% ../nbs/05_model.ipynb #8b8c89b1
 @classmethod
 def _from_target(cls, hf_config, **overrides) -> DrafterConfig:
     "A drafter config whose unset dimensions come from the target's transformers config."
@@ -200,7 +201,7 @@ def _special_ids(tokenizer) -> set[int]:
             ids.update(int(x) for x in v)
     return ids
 
-
+# %% ../nbs/05_model.ipynb #97b7e329
 def resolve_mask_token_id(
     tokenizer,  # a transformers tokenizer (or None with an explicit id)
     vocab_size: int,  # embedding rows of the target
@@ -249,7 +250,7 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dt)
 
-
+# %% ../nbs/05_model.ipynb #02bc2060
 class MLP(nn.Module):
     "SwiGLU: down(silu(gate(x)) * up(x))."
 
@@ -262,17 +263,17 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-
+# %% ../nbs/05_model.ipynb #0eaac6eb
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
-
+# %% ../nbs/05_model.ipynb #5e8fda63
 def apply_rope(x, cos, sin):
     "Rotate `x (T, heads, D)` by `cos, sin (T, D)`."
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
-
+# %% ../nbs/05_model.ipynb #00d409aa
 def _rotary_embedding(cfg: DrafterConfig) -> nn.Module:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
@@ -293,6 +294,7 @@ def _layout_args(layout) -> tuple:
     "(anchors, keep, doc_ids, block_size) of an AnchorBlockLayout."
     return layout.anchors, layout.keep, layout.doc_ids, layout.block_size
 
+# %% ../nbs/05_model.ipynb #7d9d9774
 class DrafterAttention(nn.Module):
     "Queries from block tokens, keys/values from `[ctx ; block]`, GQA, q/k RMSNorm, RoPE, anchor-block mask."
     def __init__(self, cfg: DrafterConfig, layer_type: str):
@@ -326,6 +328,7 @@ class DrafterAttention(nn.Module):
                                    causal_in_block=self.causal_in_block, backend=backend, layout=layout)
         return self.o_proj(o[0].transpose(0, 1).reshape(x.shape[0], self.nh * self.D))
 
+# %% ../nbs/05_model.ipynb #a14f61f5
 class DrafterLayer(nn.Module):
     "Pre-norm decoder layer: attention over `[ctx ; block]`, then SwiGLU MLP, both residual."
     def __init__(self, cfg: DrafterConfig, layer_type: str):
@@ -377,55 +380,64 @@ class DFlashDrafter(nn.Module):
             elif isinstance(m, RMSNorm):
                 m.weight.fill_(1.0)
 
-    def context(self, features: torch.Tensor) -> torch.Tensor:
-        "ctx = hidden_norm(fc(features)): (S, n_t·H) → (S, H)."
-        w = self.fc.weight
-        return self.hidden_norm(self.fc(features.to(device=w.device, dtype=w.dtype)))
+# %% ../nbs/05_model.ipynb #8095057c
+@patch
+def context(self: DFlashDrafter, features: torch.Tensor) -> torch.Tensor:
+    "ctx = hidden_norm(fc(features)): (S, n_t·H) → (S, H)."
+    w = self.fc.weight
+    return self.hidden_norm(self.fc(features.to(device=w.device, dtype=w.dtype)))
 
-    def rope(self, context_position_ids, block_position_ids, dtype):
-        "(cos_q, sin_q, cos_k, sin_k): queries at block positions, keys at [context ; block] positions."
-        pos = torch.cat([context_position_ids, block_position_ids]).to(self.fc.weight.device).long()
-        dummy = torch.empty(0, device=pos.device, dtype=torch.float32)
-        cos, sin = (t[0].to(dtype) for t in self.rotary_emb(dummy, pos[None]))
-        S = context_position_ids.shape[0]
-        return cos[S:], sin[S:], cos, sin
+@patch
+def rope(self: DFlashDrafter, context_position_ids, block_position_ids, dtype):
+    "(cos_q, sin_q, cos_k, sin_k): queries at block positions, keys at [context ; block] positions."
+    pos = torch.cat([context_position_ids, block_position_ids]).to(self.fc.weight.device).long()
+    dummy = torch.empty(0, device=pos.device, dtype=torch.float32)
+    cos, sin = (t[0].to(dtype) for t in self.rotary_emb(dummy, pos[None]))
+    S = context_position_ids.shape[0]
+    return cos[S:], sin[S:], cos, sin
 
-    def forward(
-        self,
-        features: torch.Tensor,  # (S, n_t·H) target features of the packed row
-        context_position_ids: torch.Tensor,  # (S,) per-document positions
-        block_input_ids: torch.Tensor,  # (N·B,) [x_a, MASK, ..., MASK] per block
-        block_position_ids: torch.Tensor,  # (N·B,) pos[a_j] + k
-        layout,  # dflash_nb.attention.AnchorBlockLayout of this step
-        backend: str = "sdpa",  # attention backend: sdpa | flex | triton | auto
-    ) -> torch.Tensor:  # (N·B, H) hidden states after the final norm, before lm_head
-        "Hidden states of all draft-block tokens of a packed row."
-        ctx = self.context(features)
-        w = self.fc.weight
-        h = self.embed_tokens(block_input_ids.to(self.embed_tokens.weight.device)).to(device=w.device, dtype=w.dtype)
-        rope = self.rope(context_position_ids, block_position_ids, ctx.dtype)
-        for layer in self.layers:
-            h = layer(h, ctx, rope, layout, backend)
-        return self.norm(h)
+# %% ../nbs/05_model.ipynb #9c630a87
+@patch
+def forward(
+    self: DFlashDrafter,
+    features: torch.Tensor,  # (S, n_t·H) target features of the packed row
+    context_position_ids: torch.Tensor,  # (S,) per-document positions
+    block_input_ids: torch.Tensor,  # (N·B,) [x_a, MASK, ..., MASK] per block
+    block_position_ids: torch.Tensor,  # (N·B,) pos[a_j] + k
+    layout,  # dflash_nb.attention.AnchorBlockLayout of this step
+    backend: str = "sdpa",  # attention backend: sdpa | flex | triton | auto
+) -> torch.Tensor:  # (N·B, H) hidden states after the final norm, before lm_head
+    "Hidden states of all draft-block tokens of a packed row."
+    ctx = self.context(features)
+    w = self.fc.weight
+    h = self.embed_tokens(block_input_ids.to(self.embed_tokens.weight.device)).to(device=w.device, dtype=w.dtype)
+    rope = self.rope(context_position_ids, block_position_ids, ctx.dtype)
+    for layer in self.layers:
+        h = layer(h, ctx, rope, layout, backend)
+    return self.norm(h)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        "Logits through the target's frozen lm_head (gradients flow to `hidden` only)."
-        w = self.lm_head.weight
-        return F.linear(hidden.to(device=w.device, dtype=w.dtype), w, getattr(self.lm_head, "bias", None))
+# %% ../nbs/05_model.ipynb #7efc12d2
+@patch
+def logits(self: DFlashDrafter, hidden: torch.Tensor) -> torch.Tensor:
+    "Logits through the target's frozen lm_head (gradients flow to `hidden` only)."
+    w = self.lm_head.weight
+    return F.linear(hidden.to(device=w.device, dtype=w.dtype), w, getattr(self.lm_head, "bias", None))
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        "The drafter's own weights (export names; no embed_tokens/lm_head)."
-        return {k: v for k, v in self.state_dict().items()}
+@patch
+def trainable_state_dict(self: DFlashDrafter) -> dict[str, torch.Tensor]:
+    "The drafter's own weights (export names; no embed_tokens/lm_head)."
+    return {k: v for k, v in self.state_dict().items()}
 
-    def load_trainable_state_dict(self, sd: dict[str, torch.Tensor]):
-        "Load weights saved by `trainable_state_dict` (strict: names and shapes must match)."
-        missing, unexpected = set(self.state_dict()) - set(sd), set(sd) - set(self.state_dict())
-        if missing or unexpected:
-            raise KeyError(
-                f"drafter state dict mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-            )
-        self.load_state_dict(sd, strict=True)
-        return self
+@patch
+def load_trainable_state_dict(self: DFlashDrafter, sd: dict[str, torch.Tensor]):
+    "Load weights saved by `trainable_state_dict` (strict: names and shapes must match)."
+    missing, unexpected = set(self.state_dict()) - set(sd), set(sd) - set(self.state_dict())
+    if missing or unexpected:
+        raise KeyError(
+            f"drafter state dict mismatch: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    self.load_state_dict(sd, strict=True)
+    return self
 
 # %% ../nbs/05_model.ipynb #db27099c
 SERVING_ARCH = "DFlashDraftModel"

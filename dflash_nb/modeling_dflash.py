@@ -23,17 +23,17 @@ def _dflash_settings(config) -> dict:
         target_layer_ids=list(get("target_layer_ids")),
     )
 
-
+# %% ../nbs/09b_modeling_dflash.ipynb #db1dae9a
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
-
+# %% ../nbs/09b_modeling_dflash.ipynb #f2f24d01
 def _rope(x, cos, sin):
     "x (b, heads, T, D) rotated by cos/sin (b, T, D)."
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
-
+# %% ../nbs/09b_modeling_dflash.ipynb #32958b4f
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window) -> torch.Tensor:
     "Serving rule: causal keeps k_pos <= q_pos; a window W keeps q_pos - k_pos < W (k_pos - q_pos < W if not causal)."
     vis = torch.ones(torch.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=torch.bool, device=q_pos.device)
@@ -80,6 +80,7 @@ class DFlashAttention(nn.Module):
         out = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=self.D ** -0.5)
         return self.o_proj(out.transpose(1, 2).reshape(b, q, self.nh * self.D))
 
+# %% ../nbs/09b_modeling_dflash.ipynb #5925ce69
 class DFlashDecoderLayer(nn.Module):
     "Pre-norm: attention over `[context ; block]`, then the SwiGLU MLP, both residual."
     def __init__(self, config, layer_idx: int):

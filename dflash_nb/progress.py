@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, sys, threading, time
 from typing import Iterable, Optional
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['fmt_duration', 'fmt_rate', 'progress_mode', 'default_every_s', 'Progress', 'progress', 'stage']
@@ -19,6 +20,7 @@ def fmt_duration(seconds: Optional[float]) -> str:
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
+# %% ../nbs/00c_progress.ipynb #e8830d68
 def fmt_rate(rate: Optional[float], unit: str) -> str:
     "Items per second as `1,234 tokens/s`, `2.5 steps/s` or, below one a second, `4.0 s/step`; '—' if unmeasured."
     if rate is None or rate != rate: return "—"
@@ -27,6 +29,7 @@ def fmt_rate(rate: Optional[float], unit: str) -> str:
     if rate > 0: return f"{1 / rate:.1f} s/{_singular(unit)}"
     return "—"
 
+# %% ../nbs/00c_progress.ipynb #f0b1b912
 def _singular(unit: str) -> str:
     "batches -> batch, steps -> step, tokens/s stays readable: the unit of one item."
     if unit.endswith(("ches", "shes", "xes", "sses")): return unit[:-2]
@@ -43,6 +46,7 @@ def progress_mode(stream=None) -> str:
     isatty = getattr(stream, "isatty", None)
     return "bar" if isatty is not None and isatty() else "lines"
 
+# %% ../nbs/00c_progress.ipynb #39a4f997
 def default_every_s() -> float:
     "Seconds between two progress lines when the output is not a terminal (DFLASH_PROGRESS_EVERY, default 15)."
     return float(os.environ.get("DFLASH_PROGRESS_EVERY", "15"))
@@ -78,95 +82,118 @@ class Progress:
             self.thread = threading.Thread(target=self._heartbeat, daemon=True, name=f"progress {desc}")
             self.thread.start()
 
-    def _open_bar(self):
-        from tqdm import tqdm          # the text bar: it writes to `file` (tqdm.auto would pick a widget in Jupyter)
-        counted = "{n_fmt}/{total_fmt} " if self.total else "{n_fmt} " if self.unit else ""
-        self.bar = tqdm(total=self.total, initial=self.initial, desc=self.desc, unit=self.unit or "it", file=self.file,
-                        dynamic_ncols=True, mininterval=0.5, leave=True,
-                        bar_format="{desc}: " + ("{percentage:3.0f}%|{bar}| " if self.total else "") + counted
-                                   + "{postfix}")
-        self.bar.set_postfix_str(self._status(), refresh=False)
+# %% ../nbs/00c_progress.ipynb #7604a2d9
+@patch
+def rate(self: Progress) -> Optional[float]:
+    "Items per second since the end of the warm-up; None before an item after it was measured."
+    if self.t_warm is None or self.n <= self.n_warm: return None
+    dt = time.perf_counter() - self.t_warm
+    return (self.n - self.n_warm) / dt if dt > 0 else None
 
-    def rate(self) -> Optional[float]:
-        "Items per second since the end of the warm-up; None before an item after it was measured."
-        if self.t_warm is None or self.n <= self.n_warm: return None
-        dt = time.perf_counter() - self.t_warm
-        return (self.n - self.n_warm) / dt if dt > 0 else None
+@patch
+def eta(self: Progress) -> Optional[float]:
+    "Seconds left at the measured rate; None while unmeasured or when the total is unknown."
+    r = self.rate()
+    return (self.total - self.n) / r if r and self.total is not None else None
 
-    def eta(self) -> Optional[float]:
-        "Seconds left at the measured rate; None while unmeasured or when the total is unknown."
-        r = self.rate()
-        return (self.total - self.n) / r if r and self.total is not None else None
+@patch
+def elapsed(self: Progress) -> float: return time.perf_counter() - self.t0
 
-    def elapsed(self) -> float: return time.perf_counter() - self.t0
+# %% ../nbs/00c_progress.ipynb #b50e1fda
+@patch
+def update(self: Progress, n: int = 1, **fields):
+    "`n` more items done; `fields` (name=str) are shown after the rate from now on."
+    with self.lock:
+        self.n += n
+        if self.t_warm is None and self.n - self.initial >= self.warmup:   # warm-up over: the rate counts from here
+            self.t_warm, self.n_warm = time.perf_counter(), self.n
+        self.fields.update(fields)
+        if self.mode == "bar":
+            self.bar.set_postfix_str(self._status(), refresh=False)
+            self.bar.update(n)
+        elif self.mode == "lines" and time.perf_counter() - self.t_line >= self.every_s: self._line()
 
-    def _status(self) -> str:
-        "elapsed, rate, ETA and the fields: the part every line and the bar share."
-        parts = [f"elapsed {fmt_duration(self.elapsed())}"]
-        if self.unit: parts.append(fmt_rate(self.rate(), self.unit))
-        if self.total is not None: parts.append(f"ETA {fmt_duration(self.eta())}")
-        parts += [f"{k} {v}" for k, v in self.fields.items()]
-        return " | ".join(parts)
+@patch
+def set(self: Progress, **fields):
+    "Show `fields` (name=str) after the rate from now on."
+    self.update(0, **fields)
 
-    def _line(self, what: str = "", counted: bool = True):
-        "One plain line: `desc: n/total unit (pct%) | elapsed | rate | ETA | fields`."
-        count = ""
-        if not counted: pass
-        elif self.unit and self.total:
-            count = f"{self.n:,}/{self.total:,} {self.unit} ({100 * self.n / max(self.total, 1):.0f}%)"
-        elif self.unit: count = f"{self.n:,} {self.unit}"
-        head = " ".join(x for x in (what, count) if x)
-        line = f"{self.desc}: {head} | {self._status()}" if head else f"{self.desc}: {self._status()}"
-        print(line, file=self.file, flush=True)
-        self.t_line = time.perf_counter()
+# %% ../nbs/00c_progress.ipynb #9e873816
+@patch
+def _status(self: Progress) -> str:
+    "elapsed, rate, ETA and the fields: the part every line and the bar share."
+    parts = [f"elapsed {fmt_duration(self.elapsed())}"]
+    if self.unit: parts.append(fmt_rate(self.rate(), self.unit))
+    if self.total is not None: parts.append(f"ETA {fmt_duration(self.eta())}")
+    parts += [f"{k} {v}" for k, v in self.fields.items()]
+    return " | ".join(parts)
 
-    def update(self, n: int = 1, **fields):
-        "`n` more items done; `fields` (name=str) are shown after the rate from now on."
-        with self.lock:
-            self.n += n
-            if self.t_warm is None and self.n - self.initial >= self.warmup:   # warm-up over: the rate counts from here
-                self.t_warm, self.n_warm = time.perf_counter(), self.n
-            self.fields.update(fields)
-            if self.mode == "bar":
-                self.bar.set_postfix_str(self._status(), refresh=False)
-                self.bar.update(n)
-            elif self.mode == "lines" and time.perf_counter() - self.t_line >= self.every_s: self._line()
+@patch
+def _line(self: Progress, what: str = "", counted: bool = True):
+    "One plain line: `desc: n/total unit (pct%) | elapsed | rate | ETA | fields`."
+    count = ""
+    if not counted: pass
+    elif self.unit and self.total:
+        count = f"{self.n:,}/{self.total:,} {self.unit} ({100 * self.n / max(self.total, 1):.0f}%)"
+    elif self.unit: count = f"{self.n:,} {self.unit}"
+    head = " ".join(x for x in (what, count) if x)
+    line = f"{self.desc}: {head} | {self._status()}" if head else f"{self.desc}: {self._status()}"
+    print(line, file=self.file, flush=True)
+    self.t_line = time.perf_counter()
 
-    def set(self, **fields):
-        "Show `fields` (name=str) after the rate from now on."
-        self.update(0, **fields)
+# %% ../nbs/00c_progress.ipynb #fd7cc78c
+@patch
+def _open_bar(self: Progress):
+    from tqdm import tqdm          # the text bar: it writes to `file` (tqdm.auto would pick a widget in Jupyter)
+    counted = "{n_fmt}/{total_fmt} " if self.total else "{n_fmt} " if self.unit else ""
+    self.bar = tqdm(total=self.total, initial=self.initial, desc=self.desc, unit=self.unit or "it", file=self.file,
+                    dynamic_ncols=True, mininterval=0.5, leave=True,
+                    bar_format="{desc}: " + ("{percentage:3.0f}%|{bar}| " if self.total else "") + counted
+                               + "{postfix}")
+    self.bar.set_postfix_str(self._status(), refresh=False)
 
-    def write(self, msg: str, file=None):
-        "Print `msg` (to stdout by default) on its own line, above the bar when there is one."
-        file = sys.stdout if file is None else file
-        with self.lock:
-            if self.bar is not None:
-                with self.bar.external_write_mode(file=file): print(msg, file=file, flush=True)
-            elif self.mode != "off" or file is not self.file: print(msg, file=file, flush=True)
+# %% ../nbs/00c_progress.ipynb #58c38934
+@patch
+def write(self: Progress, msg: str, file=None):
+    "Print `msg` (to stdout by default) on its own line, above the bar when there is one."
+    file = sys.stdout if file is None else file
+    with self.lock:
+        if self.bar is not None:
+            with self.bar.external_write_mode(file=file): print(msg, file=file, flush=True)
+        elif self.mode != "off" or file is not self.file: print(msg, file=file, flush=True)
 
-    def _heartbeat(self):
-        "Keep the clock moving while one item takes long: redraw the bar every second, a line every `every_s`."
-        while not self.stop.wait(min(1.0, max(self.every_s, 0.05))):
-            with self.lock:
-                if self.closed: return
-                if self.mode == "bar":
-                    self.bar.set_postfix_str(self._status(), refresh=False)
-                    self.bar.refresh()
-                elif time.perf_counter() - self.t_line >= self.every_s: self._line()
-
-    def close(self, what: str = "done"):
-        "The end line (or the finished bar); idempotent."
+# %% ../nbs/00c_progress.ipynb #f776bdc0
+@patch
+def _heartbeat(self: Progress):
+    "Keep the clock moving while one item takes long: redraw the bar every second, a line every `every_s`."
+    while not self.stop.wait(min(1.0, max(self.every_s, 0.05))):
         with self.lock:
             if self.closed: return
-            self.closed = True
-            self.stop.set()
             if self.mode == "bar":
                 self.bar.set_postfix_str(self._status(), refresh=False)
-                self.bar.close()
-            elif self.mode == "lines": self._line(what)
+                self.bar.refresh()
+            elif time.perf_counter() - self.t_line >= self.every_s: self._line()
 
-    def __enter__(self): return self
-    def __exit__(self, typ, *_): self.close("done" if typ in (None, GeneratorExit) else "stopped")   # left early: done
+# %% ../nbs/00c_progress.ipynb #b1205ff1
+@patch
+def close(self: Progress, what: str = "done"):
+    "The end line (or the finished bar); idempotent."
+    with self.lock:
+        if self.closed: return
+        self.closed = True
+        self.stop.set()
+        if self.mode == "bar":
+            self.bar.set_postfix_str(self._status(), refresh=False)
+            self.bar.close()
+        elif self.mode == "lines": self._line(what)
+
+# %% ../nbs/00c_progress.ipynb #c87f2236
+@patch
+def __enter__(self: Progress): return self
+
+@patch
+def __exit__(self: Progress, typ, *_):   # a generator left early (GeneratorExit) is done, not stopped
+    self.close("done" if typ in (None, GeneratorExit) else "stopped")
 
 # %% ../nbs/00c_progress.ipynb #40e7838b
 def progress(iterable: Iterable,
@@ -181,6 +208,7 @@ def progress(iterable: Iterable,
             yield item
             p.update(1)
 
+# %% ../nbs/00c_progress.ipynb #a415dc74
 def stage(desc: str, **kwargs) -> Progress:
     "A Progress with no count: its start, its clock every `every_s` seconds, its end and how long it took."
     return Progress(None, desc, None, **kwargs)

@@ -56,6 +56,7 @@ def sha256_hex(data) -> str:
     "sha256 hex digest of bytes, or of the UTF-8 text of anything else."
     return hashlib.sha256(data if isinstance(data, bytes) else str(data).encode()).hexdigest()
 
+# %% ../nbs/01_records.ipynb #4bd21668
 def chat_template_text(tokenizer) -> str:
     "The text of the tokenizer's chat template; a ConfigError when it has none."
     t = tokenizer.chat_template
@@ -80,6 +81,7 @@ def tokenizer_parts(tokenizer) -> dict:
              "added_tokens": j.get("added_tokens"), "special_tokens": dict(tokenizer.special_tokens_map)}
     return {k: sha256_hex(json.dumps(v, sort_keys=True, ensure_ascii=False))[:16] for k, v in parts.items()}
 
+# %% ../nbs/01_records.ipynb #94d85eb9
 def tokenizer_fingerprint(tokenizer) -> str:
     "sha256 (16 hex digits) over all of `tokenizer_parts`."
     return sha256_hex(json.dumps(tokenizer_parts(tokenizer), sort_keys=True))[:16]
@@ -162,12 +164,14 @@ def split_think(text: str) -> tuple[Optional[str], str]:
     parts = text.split("</think>")
     return parts[0].rstrip("\n").split("<think>")[-1].lstrip("\n"), parts[-1].lstrip("\n")
 
+# %% ../nbs/01_records.ipynb #71259dba
 def _text(value, what: str) -> str:
     if isinstance(value, str): return value
     if isinstance(value, list) and all(isinstance(p, dict) and isinstance(p.get("text"), str) for p in value):
         return "".join(p["text"] for p in value)     # OpenAI content parts [{"type": "text", "text": ...}]
     raise RecordError("wrong_type", f"{what} must be a string, got {type(value).__name__}")
 
+# %% ../nbs/01_records.ipynb #32e0fd79
 def _rename(d: dict, field_map: dict) -> dict:
     return {field_map.get(k, k): v for k, v in d.items()} if field_map else d
 
@@ -196,6 +200,7 @@ def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
         if reasoning is not None: out["reasoning_content"] = reasoning
     return out
 
+# %% ../nbs/01_records.ipynb #2cf263d2
 def normalize_messages(msgs, field_map: dict, role_map: dict, roles=None) -> list[dict]:
     "Chat messages normalised as in `normalize_record`: fields renamed, roles mapped and checked, reasoning split out."
     if not isinstance(msgs, list): raise RecordError("wrong_type",

@@ -49,6 +49,7 @@ class RowStream:
             if k < self.starts[e + 1]: return e, rows[k - self.starts[e]]
             e += 1
 
+# %% ../nbs/08_rows.ipynb #b9e7eae7
 def rank_row(step: int, micro: int, global_batch: int, rank: int, world: int) -> int:
     "Global row index of micro-batch `micro` of `rank` at optimizer step `step`."
     per_rank = global_batch // world
@@ -82,6 +83,7 @@ class Batch:
 
     def tensors(self) -> dict: return {k: getattr(self, k) for k in _ROW_KEYS}
 
+# %% ../nbs/08_rows.ipynb #1ae40a92
 def make_batch(samples: list[dict], stream: RowStream, row: int, step: int, micro: int, *,
                max_tokens: int, block_size: int, max_anchors: int, mask_token_id: int, seed: int) -> Batch:
     "Pack global row `row` and sample its anchors with a generator seeded by `(seed, row)`."
@@ -104,6 +106,7 @@ class _Failure:
     "An exception raised in the producer thread, handed to the consumer to re-raise."
     def __init__(self, exc: BaseException): self.exc = exc
 
+# %% ../nbs/08_rows.ipynb #cbcfbce8
 class FeatureProducer:
     "`Batch`es with target features on the drafter device: from a thread with a bounded queue, or inline."
     def __init__(self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, queue, threading, time
 from pathlib import Path
 from typing import Optional
+from fastcore.basics import patch
 from .checkpoint import RUN_FILE, CheckpointError, checkpoint_name, inside, read_remote_latest, step_of
 from .storage import atomic_dir, s3_client, split_s3
 
@@ -56,153 +57,176 @@ class S3Uploader:
     def key(self, *parts) -> str: return "/".join(p for p in (self.prefix, *parts) if p)
     def uri(self, *parts) -> str: return f"s3://{self.bucket}/{self.key(*parts)}"
 
-    def preflight(self) -> Optional[str]:
-        "Check the bucket now (a permanent error raises CheckpointError before any training); the remote `latest`."
-        from botocore.exceptions import ClientError
-        try:
-            c = s3_client(self.endpoint_url)
-            c.head_bucket(Bucket=self.bucket)
-            return read_remote_latest(c, self.bucket, self.key("latest"))
-        except CheckpointError: raise
-        except Exception as e:
-            missing = isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
-            if missing or s3_permanent(e):
-                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: {'no such bucket' if missing else 'refused'} "
-                                      f"({type(e).__name__}: {e}); check the bucket name and the credentials, or unset "
-                                      "checkpoint.s3_uri") from None
-            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
-                         "note": "uploads will be retried"})
-            return None
+# %% ../nbs/08_s3sync.ipynb #990bfe6d
+@patch
+def _run(self: S3Uploader):
+    self.dirs_root = None
+    while True:
+        d = self.q.get()
+        if d is None: break
+        self.dirs_root = d.parent
+        if not self.fatal:
+            self._retry_failed()              # the server may be back: older failures first, `latest` monotonic
+            if not self.fatal: self._attempt(d)
+        if self.fatal:
+            with self.lock:
+                if d.name not in self.failed: self.failed.append(d.name)
+        with self.lock: self.pending.remove(d.name)
+    if self.dirs_root is not None and not self.fatal: self._retry_failed()   # a last round at the end of the run
 
-    def owner(self, c=None) -> Optional[str]:
-        "The run id in `prefix/run.json`, None when the prefix has no owner yet."
-        from botocore.exceptions import ClientError
-        c = c or s3_client(self.endpoint_url)
-        try: body = c.get_object(Bucket=self.bucket, Key=self.key(RUN_FILE))["Body"].read()
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
-            raise
-        try: return str(json.loads(body)["run_id"])
-        except (ValueError, KeyError, TypeError): return "(unreadable)"
+# %% ../nbs/08_s3sync.ipynb #49c6f87c
+@patch
+def close(self: S3Uploader, timeout: float = 600.0) -> bool:   # seconds to wait for the pending uploads
+    "Finish pending uploads and retry failed ones; reports and returns False if some checkpoints are not in S3."
+    self.q.put(None)
+    self.thread.join(timeout)
+    missing = sorted(self.not_in_s3(), key=step_of)
+    if not missing: return True
+    self.report({"event": "s3_upload_unfinished", "checkpoints": missing, "waited_s": timeout,
+                 "local_copy": "kept", **({"error": self.fatal} if self.fatal else {})})
+    return False
 
-    def _own(self, c):
-        "Make sure the prefix is this run's: claim it if unowned (put only if absent), else compare the owner."
-        from botocore.exceptions import ClientError
-        if self.run_id is None: return
-        if self.owner(c) is None:
-            body = json.dumps({"run_id": self.run_id, "created": round(time.time(), 3)}).encode()
-            try: c.put_object(Bucket=self.bucket, Key=self.key(RUN_FILE), Body=body, IfNoneMatch="*")
-            except ClientError as e:   # 412: another run put it first (409: a put of it still in flight)
-                if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412): raise
-        owner = self.owner(c)
-        if owner != self.run_id:
-            raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), not to this run "
-                                  f"{self.run_id}: give this run a checkpoint.s3_uri of its own (or resume that run "
-                                  f"from {self.uri()} into a fresh train.run_dir)")
+# %% ../nbs/08_s3sync.ipynb #5ba642cb
+@patch
+def submit(self: S3Uploader, ckpt_dir: Path):
+    "Queue a finished checkpoint dir for upload."
+    with self.lock: self.pending.append(Path(ckpt_dir).name)
+    self.q.put(Path(ckpt_dir))
 
-    def claim(self):
-        "Claim the prefix before training (another run's: CheckpointError); an unreachable S3: at the first upload."
-        try: self._own(s3_client(self.endpoint_url))
-        except CheckpointError: raise
-        except Exception as e:
-            if s3_permanent(e):
-                raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: refused ({type(e).__name__}: {e})") from None
-            self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
-                         "note": "the prefix is claimed at the first upload"})
+@patch
+def not_in_s3(self: S3Uploader) -> set:
+    "Names submitted but not (yet) uploaded: their local copies must not be pruned."
+    with self.lock: return set(self.pending) | set(self.failed)
 
-    def submit(self, ckpt_dir: Path):
-        "Queue a finished checkpoint dir for upload."
-        with self.lock: self.pending.append(Path(ckpt_dir).name)
-        self.q.put(Path(ckpt_dir))
-
-    def not_in_s3(self) -> set:
-        "Names submitted but not (yet) uploaded: their local copies must not be pruned."
-        with self.lock: return set(self.pending) | set(self.failed)
-
-    def _upload(self, d: Path):
+# %% ../nbs/08_s3sync.ipynb #6715244e
+@patch
+def preflight(self: S3Uploader) -> Optional[str]:
+    "Check the bucket now (a permanent error raises CheckpointError before any training); the remote `latest`."
+    from botocore.exceptions import ClientError
+    try:
         c = s3_client(self.endpoint_url)
-        self._own(c)        # checked before every upload: nothing of this run lands in another run's prefix
-        files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: (f.name == "state.json", f.name))
-        for f in files: c.upload_file(str(f), self.bucket, self.key(d.name, f.name))  # state.json last: step complete
-        step = step_of(d.name)
-        if step > self.latest_step:
-            remote = read_remote_latest(c, self.bucket, self.key("latest"))
-            if remote is not None and step_of(remote) > step and remote not in self.remote:
-                raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: another run writes "
-                                      f"to this prefix; use a checkpoint.s3_uri of its own")
-            c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
-            self.latest_step = step
-        with self.lock: self.remote.append(d.name)
-        self._prune(c)
+        c.head_bucket(Bucket=self.bucket)
+        return read_remote_latest(c, self.bucket, self.key("latest"))
+    except CheckpointError: raise
+    except Exception as e:
+        missing = isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
+        if missing or s3_permanent(e):
+            raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: {'no such bucket' if missing else 'refused'} "
+                                  f"({type(e).__name__}: {e}); check the bucket name and the credentials, or unset "
+                                  "checkpoint.s3_uri") from None
+        self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
+                     "note": "uploads will be retried"})
+        return None
 
-    def _prune(self, c):
-        "Delete this run's own old uploads beyond `keep`, never the step the remote `latest` names."
-        if self.keep <= 0: return
-        own = sorted(set(self.remote), key=step_of)[:-self.keep]
-        if not own: return
-        named = read_remote_latest(c, self.bucket, self.key("latest"))
-        for old in own:
-            if old == named: continue
-            for p in c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(old) + "/"):
-                for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
-            with self.lock: self.remote = [n for n in self.remote if n != old]
+# %% ../nbs/08_s3sync.ipynb #32c23ba5
+@patch
+def owner(self: S3Uploader, c=None) -> Optional[str]:
+    "The run id in `prefix/run.json`, None when the prefix has no owner yet."
+    from botocore.exceptions import ClientError
+    c = c or s3_client(self.endpoint_url)
+    try: body = c.get_object(Bucket=self.bucket, Key=self.key(RUN_FILE))["Body"].read()
+    except ClientError as e:
+        if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"): return None
+        raise
+    try: return str(json.loads(body)["run_id"])
+    except (ValueError, KeyError, TypeError): return "(unreadable)"
 
-    def _attempt(self, d: Path, tries: Optional[int] = None) -> bool:
-        "Upload `d` with up to `tries` attempts (default: `retries`); True once it is in S3."
-        delay, tries = self.backoff, tries or self.retries
-        for attempt in range(1, tries + 1):
-            try:
-                self._upload(d)
-                with self.lock:
-                    self.uploaded.append(d.name)
-                    if d.name in self.failed: self.failed.remove(d.name)
-                self.report({"event": "s3_upload", "checkpoint": d.name, "uri": self.uri(d.name), "attempt": attempt})
-                return True
-            except Exception as e:
-                permanent = s3_permanent(e)
-                last = permanent or attempt == tries
-                self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": tries,
-                             "error": f"{type(e).__name__}: {e}"[:300], "permanent": permanent,
-                             "retry_in_s": None if last else delay, "local_copy": str(d)})
-                if permanent: self.fatal = f"{self.uri(d.name)}: {type(e).__name__}: {e}"[:400]
-                if last:
-                    with self.lock:
-                        if d.name not in self.failed: self.failed.append(d.name)
-                    return False
-                time.sleep(delay)
-                delay *= 2
-        return False
+# %% ../nbs/08_s3sync.ipynb #cf96d3e4
+@patch
+def _own(self: S3Uploader, c):
+    "Make sure the prefix is this run's: claim it if unowned (put only if absent), else compare the owner."
+    from botocore.exceptions import ClientError
+    if self.run_id is None: return
+    if self.owner(c) is None:
+        body = json.dumps({"run_id": self.run_id, "created": round(time.time(), 3)}).encode()
+        try: c.put_object(Bucket=self.bucket, Key=self.key(RUN_FILE), Body=body, IfNoneMatch="*")
+        except ClientError as e:   # 412: another run put it first (409: a put of it still in flight)
+            if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412): raise
+    owner = self.owner(c)
+    if owner != self.run_id:
+        raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), not to this run "
+                              f"{self.run_id}: give this run a checkpoint.s3_uri of its own (or resume that run "
+                              f"from {self.uri()} into a fresh train.run_dir)")
 
-    def _retry_failed(self):
-        "One more attempt for each earlier failure, oldest first; the first that fails again ends the round."
-        for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
-            d = self.dirs_root / name
-            if self.fatal or not d.is_dir() or not self._attempt(d, tries=1): return   # the server is still away
+# %% ../nbs/08_s3sync.ipynb #ed390f0f
+@patch
+def claim(self: S3Uploader):
+    "Claim the prefix before training (another run's: CheckpointError); an unreachable S3: at the first upload."
+    try: self._own(s3_client(self.endpoint_url))
+    except CheckpointError: raise
+    except Exception as e:
+        if s3_permanent(e):
+            raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: refused ({type(e).__name__}: {e})") from None
+        self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
+                     "note": "the prefix is claimed at the first upload"})
 
-    def _run(self):
-        self.dirs_root = None
-        while True:
-            d = self.q.get()
-            if d is None: break
-            self.dirs_root = d.parent
-            if not self.fatal:
-                self._retry_failed()              # the server may be back: older failures first, `latest` monotonic
-                if not self.fatal: self._attempt(d)
-            if self.fatal:
+# %% ../nbs/08_s3sync.ipynb #0d2fc9de
+@patch
+def _upload(self: S3Uploader, d: Path):
+    c = s3_client(self.endpoint_url)
+    self._own(c)        # checked before every upload: nothing of this run lands in another run's prefix
+    files = sorted((f for f in d.iterdir() if f.is_file()), key=lambda f: (f.name == "state.json", f.name))
+    for f in files: c.upload_file(str(f), self.bucket, self.key(d.name, f.name))  # state.json last: step complete
+    step = step_of(d.name)
+    if step > self.latest_step:
+        remote = read_remote_latest(c, self.bucket, self.key("latest"))
+        if remote is not None and step_of(remote) > step and remote not in self.remote:
+            raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: another run writes "
+                                  f"to this prefix; use a checkpoint.s3_uri of its own")
+        c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
+        self.latest_step = step
+    with self.lock: self.remote.append(d.name)
+    self._prune(c)
+
+# %% ../nbs/08_s3sync.ipynb #05e56caa
+@patch
+def _prune(self: S3Uploader, c):
+    "Delete this run's own old uploads beyond `keep`, never the step the remote `latest` names."
+    if self.keep <= 0: return
+    own = sorted(set(self.remote), key=step_of)[:-self.keep]
+    if not own: return
+    named = read_remote_latest(c, self.bucket, self.key("latest"))
+    for old in own:
+        if old == named: continue
+        for p in c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.key(old) + "/"):
+            for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
+        with self.lock: self.remote = [n for n in self.remote if n != old]
+
+# %% ../nbs/08_s3sync.ipynb #3f1fe676
+@patch
+def _attempt(self: S3Uploader, d: Path, tries: Optional[int] = None) -> bool:
+    "Upload `d` with up to `tries` attempts (default: `retries`); True once it is in S3."
+    delay, tries = self.backoff, tries or self.retries
+    for attempt in range(1, tries + 1):
+        try:
+            self._upload(d)
+            with self.lock:
+                self.uploaded.append(d.name)
+                if d.name in self.failed: self.failed.remove(d.name)
+            self.report({"event": "s3_upload", "checkpoint": d.name, "uri": self.uri(d.name), "attempt": attempt})
+            return True
+        except Exception as e:
+            permanent = s3_permanent(e)
+            last = permanent or attempt == tries
+            self.report({"event": "s3_upload_failed", "checkpoint": d.name, "attempt": attempt, "of": tries,
+                         "error": f"{type(e).__name__}: {e}"[:300], "permanent": permanent,
+                         "retry_in_s": None if last else delay, "local_copy": str(d)})
+            if permanent: self.fatal = f"{self.uri(d.name)}: {type(e).__name__}: {e}"[:400]
+            if last:
                 with self.lock:
                     if d.name not in self.failed: self.failed.append(d.name)
-            with self.lock: self.pending.remove(d.name)
-        if self.dirs_root is not None and not self.fatal: self._retry_failed()   # a last round at the end of the run
+                return False
+            time.sleep(delay)
+            delay *= 2
+    return False
 
-    def close(self, timeout: float = 600.0) -> bool:   # seconds to wait for the pending uploads
-        "Finish pending uploads and retry failed ones; reports and returns False if some checkpoints are not in S3."
-        self.q.put(None)
-        self.thread.join(timeout)
-        missing = sorted(self.not_in_s3(), key=step_of)
-        if not missing: return True
-        self.report({"event": "s3_upload_unfinished", "checkpoints": missing, "waited_s": timeout,
-                     "local_copy": "kept", **({"error": self.fatal} if self.fatal else {})})
-        return False
+# %% ../nbs/08_s3sync.ipynb #289a5069
+@patch
+def _retry_failed(self: S3Uploader):
+    "One more attempt for each earlier failure, oldest first; the first that fails again ends the round."
+    for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
+        d = self.dirs_root / name
+        if self.fatal or not d.is_dir() or not self._attempt(d, tries=1): return   # the server is still away
 
 # %% ../nbs/08_s3sync.ipynb #930488b0
 def _earlier_download(d: Path) -> bool:
@@ -210,6 +234,7 @@ def _earlier_download(d: Path) -> bool:
     if d.is_symlink() or not d.is_dir() or not (d / "state.json").is_file(): return False
     return all(f.is_file() and not f.is_symlink() for f in d.iterdir())
 
+# %% ../nbs/08_s3sync.ipynb #96f99792
 def download_checkpoint(
     uri: str,            # s3://bucket/prefix (its `latest`) or s3://bucket/prefix/step-…
     dest,                # the local dir the checkpoint dir is written into
