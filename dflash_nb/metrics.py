@@ -193,13 +193,13 @@ def projected_cost(rec: dict,              # the first measured interval's recor
                    global_batch: int,      # rows per optimizer step
                    anchors_per_row: int):  # train.max_anchors
     "Projected run time, time per epoch, the side that bounds a step and the anchors that would balance a split pair."
-    tb, db = rec["target_busy"], rec["drafter_busy"]
+    target, drafter = rec["target_busy"], rec["drafter_busy"]   # busy shares of the wall time
     steps_per_epoch = rows_per_epoch / global_batch
     return {"step_s": step_s, "steps": steps, "total_s": step_s * steps, "remaining_s": step_s * (steps - done),
             "steps_per_epoch": steps_per_epoch, "epoch_s": step_s * steps_per_epoch, "epochs": steps / steps_per_epoch,
-            "target_busy": tb, "drafter_busy": db, "bound": "target" if tb >= db else "drafter",
+            "target_busy": target, "drafter_busy": drafter, "bound": "target" if target >= drafter else "drafter",
             "anchors_per_row": anchors_per_row,
-            "balanced_anchors_per_row": max(1, round(anchors_per_row * tb / db)) if db > 0 else None,
+            "balanced_anchors_per_row": max(1, round(anchors_per_row * target / drafter)) if drafter > 0 else None,
             "assumption": "drafter time proportional to the anchors per row; target time independent of them"}
 
 # %% ../nbs/08_metrics.ipynb #45860340
