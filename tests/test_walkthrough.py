@@ -1,5 +1,5 @@
-"""The README's "Your own target, step by step", command by command, through the installed console scripts, with the
-demo's tiny target standing in for a real one: regenerate + tokenize + train from a user's prompt file, tokenize train
+"""The README's real run (data, train, evaluate, export), command by command, through the installed console scripts, with
+the demo's tiny target standing in for a real one: regenerate + tokenize + train from a user's prompt file, tokenize train
 and held-out with dflash-data and train on them, compare the runs, evaluate per benchmark file, export."""
 import json, subprocess, sys
 from pathlib import Path
