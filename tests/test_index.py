@@ -39,6 +39,7 @@ def test_every_chapter_is_in_the_reading_order():
     index = index_chapters()
     assert len(set(index)) == len(index), f"a chapter is listed twice: {index}"
     assert sorted(index) == on_disk, f"nbs/ holds {on_disk}, the reading order lists {index}"
+    assert index == on_disk, f"the reading order is the file-name order (name a chapter by where it is read): {index}"
 
 
 def test_the_index_exports_nothing_and_keeps_imports_apart():
