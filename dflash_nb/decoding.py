@@ -8,6 +8,7 @@ import contextlib, inspect, math, time
 from dataclasses import dataclass, field
 import torch
 from torch import nn
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
@@ -158,38 +159,42 @@ class DrafterProposer:
                     block_position_ids(pos, a, B), layout, backend=self.backend)
             yield a, hid.view(a.numel(), B, -1)[:, 1:]
 
-    @torch.no_grad()
-    def propose(
-        self,
-        input_ids,     # (S,) tokens; only input_ids[a] of each anchor a enters a block (the context is `features`)
-        features,      # (S, n_t·H) target features; block j sees rows [0, a_j) only
-        anchors,       # (N,) anchor positions, ascending
-        position_ids=None,  # (S,) context positions; default 0..S-1
-    ) -> torch.Tensor:
-        "`(N, B−1)` greedy draft tokens for positions a+1 .. a+B−1 of every anchor a."
-        B, out = self.block_size, []
-        for a, hid in self._hidden(input_ids, features, anchors, position_ids):
-            hid = hid.reshape(a.numel() * (B - 1), -1)
-            rows = range(0, hid.shape[0], self.logits_rows)
-            toks = torch.cat([self.drafter.logits(hid[r:r + self.logits_rows]).argmax(-1) for r in rows])
-            out.append(toks.view(a.numel(), B - 1))
-        return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=self.drafter.fc.weight.device)
+# %% ../nbs/09_decoding.ipynb #f07ba545
+@patch
+@torch.no_grad()
+def propose(
+    self: DrafterProposer,
+    input_ids,     # (S,) tokens; only input_ids[a] of each anchor a enters a block (the context is `features`)
+    features,      # (S, n_t·H) target features; block j sees rows [0, a_j) only
+    anchors,       # (N,) anchor positions, ascending
+    position_ids=None,  # (S,) context positions; default 0..S-1
+) -> torch.Tensor:
+    "`(N, B−1)` greedy draft tokens for positions a+1 .. a+B−1 of every anchor a."
+    B, out = self.block_size, []
+    for a, hid in self._hidden(input_ids, features, anchors, position_ids):
+        hid = hid.reshape(a.numel() * (B - 1), -1)
+        rows = range(0, hid.shape[0], self.logits_rows)
+        toks = torch.cat([self.drafter.logits(hid[r:r + self.logits_rows]).argmax(-1) for r in rows])
+        out.append(toks.view(a.numel(), B - 1))
+    return torch.cat(out) if out else torch.zeros(0, B - 1, dtype=torch.long, device=self.drafter.fc.weight.device)
 
-    @torch.no_grad()
-    def propose_sampled(
-        self,
-        input_ids, features, anchors,  # as in `propose`
-        temperature: float, top_p: float = 1.0, top_k: int = 0,
-        generator=None,                # torch.Generator on the drafter's device
-        position_ids=None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        "(drafts (N, B−1), q (N, B−1, V)): every slot's draft drawn from the drafter's own distribution q."
-        toks, qs = [], []
-        for a, hid in self._hidden(input_ids, features, anchors, position_ids):
-            q = sampling_probs(self.drafter.logits(hid), temperature, top_p, top_k)
-            toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2]))
-            qs.append(q)
-        return torch.cat(toks), torch.cat(qs)
+# %% ../nbs/09_decoding.ipynb #1d438cbc
+@patch
+@torch.no_grad()
+def propose_sampled(
+    self: DrafterProposer,
+    input_ids, features, anchors,  # as in `propose`
+    temperature: float, top_p: float = 1.0, top_k: int = 0,
+    generator=None,                # torch.Generator on the drafter's device
+    position_ids=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    "(drafts (N, B−1), q (N, B−1, V)): every slot's draft drawn from the drafter's own distribution q."
+    toks, qs = [], []
+    for a, hid in self._hidden(input_ids, features, anchors, position_ids):
+        q = sampling_probs(self.drafter.logits(hid), temperature, top_p, top_k)
+        toks.append(torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(q.shape[:2]))
+        qs.append(q)
+    return torch.cat(toks), torch.cat(qs)
 
 # %% ../nbs/09_decoding.ipynb #1d0ffc0d
 class ForcedProposer:

@@ -98,41 +98,43 @@ class DrafterConfig:
     def feature_size(self) -> int:
         return len(self.target_layer_ids) * self.hidden_size
 
-    def validate(self) -> "DrafterConfig":
-        "Raise ValueError if a needed field is unset or the shapes do not fit together."
-        need = [
-            "hidden_size",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "intermediate_size",
-            "rope_theta",
-            "rms_norm_eps",
-            "target_layer_ids",
-        ]
-        missing = [n for n in need if getattr(self, n) is None]
-        if missing:
-            raise ValueError(f"DrafterConfig fields unset: {missing} (use DrafterConfig.from_target or set them)")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if len(self.resolved_layer_types) != self.num_hidden_layers:
-            raise ValueError(
-                f"layer_types has {len(self.resolved_layer_types)} entries "
-                f"for num_hidden_layers={self.num_hidden_layers}"
-            )
-        bad = [t for t in self.resolved_layer_types if t not in ("full", "sliding")]
-        if bad:
-            raise ValueError(f"unknown layer types {bad}; expected 'full' or 'sliding'")
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.num_target_layers is not None:
-            check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
-        return self
+# %% ../nbs/05_model.ipynb #5b3110cb
+@patch
+def validate(self: DrafterConfig) -> "DrafterConfig":
+    "Raise ValueError if a needed field is unset or the shapes do not fit together."
+    need = [
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "rope_theta",
+        "rms_norm_eps",
+        "target_layer_ids",
+    ]
+    missing = [n for n in need if getattr(self, n) is None]
+    if missing:
+        raise ValueError(f"DrafterConfig fields unset: {missing} (use DrafterConfig.from_target or set them)")
+    if self.num_attention_heads % self.num_key_value_heads:
+        raise ValueError(
+            f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={self.num_key_value_heads}"
+        )
+    if len(self.resolved_layer_types) != self.num_hidden_layers:
+        raise ValueError(
+            f"layer_types has {len(self.resolved_layer_types)} entries "
+            f"for num_hidden_layers={self.num_hidden_layers}"
+        )
+    bad = [t for t in self.resolved_layer_types if t not in ("full", "sliding")]
+    if bad:
+        raise ValueError(f"unknown layer types {bad}; expected 'full' or 'sliding'")
+    if self.block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+    if self.head_dim % 2:
+        raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+    if self.num_target_layers is not None:
+        check_target_layer_ids(self.target_layer_ids, self.num_target_layers)
+    return self
 
 # %% ../nbs/05_model.ipynb #4fe3d02b
 _ROPE_DROP = ("rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 from .metrics import Stopwatch   # chapter Metrics: device time without a host sync
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['stable_seed', 'RowStream', 'rank_row', 'Batch', 'make_batch', 'FeatureProducer']
@@ -138,65 +139,73 @@ class FeatureProducer:
 
     def _ctx(self, s): return torch.cuda.stream(s) if s is not None else contextlib.nullcontext()
 
-    def produce(self, step: int, micro: int) -> Batch:
-        "Host batch → target forward (target stream) → copy to the drafter device (copy stream) → ready event."
-        b = self.make(step, micro)
-        pin = self.drafter_device.type == "cuda"
-        with self._ctx(self.target_stream):
-            t = self.target_clock.start()
-            feats = self.features(b.input_ids, b.doc_ids)
-            feats, final = feats if isinstance(feats, tuple) else (feats, None)
-            self.target_clock.stop(t)
-        copy = self.copy_stream or self.target_stream
-        with self._ctx(self.recv_stream), self._ctx(copy):
-            if self.copy_stream is not None:
-                self.copy_stream.wait_stream(self.target_stream)
-                feats.record_stream(self.copy_stream)
-            t = self.copy_clock.start()
-            for k, v in b.tensors().items():   # small host tensors: pinned, asynchronous
-                setattr(b, k, (v.pin_memory() if pin else v).to(self.drafter_device, non_blocking=True))
-            b.features = feats.to(self.drafter_device, non_blocking=True)
-            if final is not None: b.target_final = final.to(self.drafter_device, non_blocking=True)
-            self.copy_clock.stop(t)
-            if copy is not None:  # recorded where every copy of this batch has landed (the peer copy joins recv_stream)
-                b.ready = torch.cuda.Event()
-                b.ready.record(self.recv_stream or copy)
-        if self.drafter_device != self.target_device:
-            self.bytes += sum(t.numel() * t.element_size() for t in (feats, final) if t is not None)
-        return b
+# %% ../nbs/08_rows.ipynb #b2032f7c
+@patch
+def produce(self: FeatureProducer, step: int, micro: int) -> Batch:
+    "Host batch → target forward (target stream) → copy to the drafter device (copy stream) → ready event."
+    b = self.make(step, micro)
+    pin = self.drafter_device.type == "cuda"
+    with self._ctx(self.target_stream):
+        t = self.target_clock.start()
+        feats = self.features(b.input_ids, b.doc_ids)
+        feats, final = feats if isinstance(feats, tuple) else (feats, None)
+        self.target_clock.stop(t)
+    copy = self.copy_stream or self.target_stream
+    with self._ctx(self.recv_stream), self._ctx(copy):
+        if self.copy_stream is not None:
+            self.copy_stream.wait_stream(self.target_stream)
+            feats.record_stream(self.copy_stream)
+        t = self.copy_clock.start()
+        for k, v in b.tensors().items():   # small host tensors: pinned, asynchronous
+            setattr(b, k, (v.pin_memory() if pin else v).to(self.drafter_device, non_blocking=True))
+        b.features = feats.to(self.drafter_device, non_blocking=True)
+        if final is not None: b.target_final = final.to(self.drafter_device, non_blocking=True)
+        self.copy_clock.stop(t)
+        if copy is not None:  # recorded where every copy of this batch has landed (the peer copy joins recv_stream)
+            b.ready = torch.cuda.Event()
+            b.ready.record(self.recv_stream or copy)
+    if self.drafter_device != self.target_device:
+        self.bytes += sum(t.numel() * t.element_size() for t in (feats, final) if t is not None)
+    return b
 
-    def _run(self):
-        torch.set_num_threads(self.intra_op_threads)
-        try:
-            for step, micro in self.order:
-                item = self.produce(step, micro)
-                while not self.stop_flag.is_set():
-                    try:
-                        self.q.put(item, timeout=0.1)
-                        break
-                    except queue.Full: pass
-                if self.stop_flag.is_set(): return
-        except BaseException as e:  # hand the error to the consumer instead of dying silently
-            self.q.put(_Failure(e))
+# %% ../nbs/08_rows.ipynb #8f1762c5
+@patch
+def _run(self: FeatureProducer):
+    torch.set_num_threads(self.intra_op_threads)
+    try:
+        for step, micro in self.order:
+            item = self.produce(step, micro)
+            while not self.stop_flag.is_set():
+                try:
+                    self.q.put(item, timeout=0.1)
+                    break
+                except queue.Full: pass
+            if self.stop_flag.is_set(): return
+    except BaseException as e:  # hand the error to the consumer instead of dying silently
+        self.q.put(_Failure(e))
 
-    def get(self) -> Batch:
-        "Next batch; on GPU the current stream waits for its features (the host does not)."
-        if self.threaded:
-            item = self.q.get()
-            if isinstance(item, _Failure): raise RuntimeError("the target producer thread failed") from item.exc
-        else:
-            item = self.produce(*next(self.order))
-        if item.ready is not None:
-            cur = torch.cuda.current_stream(self.drafter_device)
-            item.ready.wait(cur)
-            for v in [item.features, *item.tensors().values()]: v.record_stream(cur)
-        return item
+# %% ../nbs/08_rows.ipynb #45b842e7
+@patch
+def get(self: FeatureProducer) -> Batch:
+    "Next batch; on GPU the current stream waits for its features (the host does not)."
+    if self.threaded:
+        item = self.q.get()
+        if isinstance(item, _Failure): raise RuntimeError("the target producer thread failed") from item.exc
+    else:
+        item = self.produce(*next(self.order))
+    if item.ready is not None:
+        cur = torch.cuda.current_stream(self.drafter_device)
+        item.ready.wait(cur)
+        for v in [item.features, *item.tensors().values()]: v.record_stream(cur)
+    return item
 
-    def depth(self) -> int: return self.q.qsize() if self.threaded else 0
+@patch
+def depth(self: FeatureProducer) -> int: return self.q.qsize() if self.threaded else 0
 
-    def close(self):
-        self.stop_flag.set()
-        if self.thread is not None:
-            while self.thread.is_alive():
-                with contextlib.suppress(queue.Empty): self.q.get_nowait()
-                self.thread.join(timeout=0.05)
+@patch
+def close(self: FeatureProducer):
+    self.stop_flag.set()
+    if self.thread is not None:
+        while self.thread.is_alive():
+            with contextlib.suppress(queue.Empty): self.q.get_nowait()
+            self.thread.join(timeout=0.05)

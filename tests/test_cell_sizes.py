@@ -12,10 +12,7 @@ EXPORT = re.compile(r"^#\|\s*export[is]?\b")
 
 # (notebook, the cell's first definition) -> why the cell is longer than MAX_LINES
 EXCEPTIONS = {
-    ("05_model", "DrafterConfig"): "one dataclass: its fields, each with its help comment, and the checks of their bounds",
     ("06_loss", "_ChunkedLinearCE"): "one autograd.Function: its backward mirrors its forward chunk by chunk, read together",
-    ("08_rows", "FeatureProducer"): "one producer thread: start, the loop, the hand-over and the stop share its state",
-    ("09_decoding", "DrafterProposer"): "the drafter's proposals: the context cache and the step that uses it, together",
     ("09_decoding", "speculative_generate"): "the decoding loop, one cycle's draft, verify, accept and cache rollback in order",
 }
 
