@@ -124,13 +124,13 @@ def measure_I(a, rec, target, rows, p, dev, max_batch_tokens):
 
 def build_trainer_run(a, rec, cfg, feats, p, dev, dtype):
     "The flagship drafter on this device, its attention backend as the trainer picks it, and the trainer's `Run`."
+    import torch
     from dflash_nb.build import build_drafter, pick_backend
     from dflash_nb.model import DrafterConfig
     t0 = time.perf_counter()
     dcfg = DrafterConfig.from_target(feats.model.config, num_hidden_layers=5, layer_types=["sliding"] * 4 + ["full"],
                                      sliding_window=p["window"], block_size=p["B"], target_layer_ids=feats.layer_ids,
                                      mask_token_id=feats.model.config.vocab_size - 1)
-    import torch
     with torch.device(dev):
         drafter = build_drafter(dcfg, feats, dev, 0)
     params = sum(x.numel() for x in drafter.parameters() if x.requires_grad)
