@@ -306,6 +306,9 @@ def _fastest(passed: list, row, q, k, v, layers, tried: list, steps: int) -> tup
             entry["ms_per_step"] = ms[cand]
         except Exception as e:   # a backend that passes once but fails when timed (memory, say) is out
             entry.update(ok=False, error=f"timing failed: {_first_line(e, 2000)}")
+        finally:
+            if q.device.type == "cuda":
+                torch.cuda.empty_cache()
     if not ms:
         raise RuntimeError("every backend that passed the probe failed when timed: "
                            + "; ".join(t.get("error", "") for t in tried))
