@@ -27,7 +27,7 @@ PLAN = {
         "tests": dict(step=80, minimum=30),
     },
     True: {    # dry run on CPU
-        "env": dict(step=5),
+        "env": dict(step=8),   # imports torch, transformers and the package: 5 s of CPU
         "parity": dict(step=8, parts=dict(reduced=1, narrow_window=1, flagship=1)),
         "speed": dict(step=8, parts=dict(triton=1, flex=1, sdpa=1, auto=2)),
         "pipeline": dict(step=12, parts=dict(I=1, T=2, T_more=1, P=2)),

@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.sh"
 STEPS = ["env", "parity", "speed", "pipeline", "target", "sweep", "tests"]
+DRY_BUDGET = 300   # seconds: a ceiling for a shared CI box, not what a quiet one takes
 FILES = {"env": "gpu_env.json", "parity": "gpu_parity.json", "speed": "gpu_speed.json", "pipeline": "gpu_pipeline.json",
          "target": "gpu_target.json", "sweep": "gpu_sweep.json", "tests": "gpu_tests.json"}
 
@@ -32,9 +33,9 @@ def load(path):
 
 @pytest.fixture(scope="module")
 def full(tmp_path_factory):
-    "One dry run with room for every step (the budget is a ceiling: it takes ~60 s on two quiet cores)."
+    "One dry run with room for every step (the budget is a ceiling: ~60 s on two quiet cores, ~180 s at load 10)."
     out = tmp_path_factory.mktemp("gpu_check")
-    p, wall = run("--dry-run", "--budget", "180", "--sweep", "--out", str(out))
+    p, wall = run("--dry-run", "--budget", str(DRY_BUDGET), "--sweep", "--out", str(out), timeout=DRY_BUDGET + 60)
     return out, p, wall
 
 
@@ -46,15 +47,15 @@ def test_dry_run_runs_every_step_and_writes_its_json(full):
     assert files == sorted([*FILES.values(), "gpu_check.json"])          # <= 8 files, no .tmp left over
     assert sum(f.stat().st_size for f in out.iterdir()) < 16 * 2**20
     s = load(out / "gpu_check.json")
-    assert s["dry_run"] is True and s["budget_s"] == 180 and s["status"] == "ok"
+    assert s["dry_run"] is True and s["budget_s"] == DRY_BUDGET and s["status"] == "ok"
     assert [st["name"] for st in s["steps"]] == STEPS
     for st in s["steps"]:
         assert st["status"] == "ok", st
-        assert 0 < st["limit_s"] <= 180 and st["expected_s"] > 0
+        assert 0 < st["limit_s"] <= DRY_BUDGET and st["expected_s"] > 0
         d = load(out / st["file"])
         assert d["step"] == st["name"] and d["complete"] is True and d["dry_run"] is True and d["errors"] == []
         assert d["headline"] and d["headline"] == st["headline"]
-    assert s["elapsed_s"] <= 180 and wall < 180 + 10
+    assert s["elapsed_s"] <= DRY_BUDGET and wall < DRY_BUDGET + 10
     # the table comes last: one line per step with its status
     table = p.stdout[p.stdout.rindex("step "):]
     for name in STEPS:
@@ -136,9 +137,8 @@ def test_dry_run_pipeline_arithmetic(full):
 
 def test_tiny_budget_skips_what_does_not_fit(tmp_path):
     (tmp_path / "gpu_parity.json").write_text('{"stale": true}')      # an earlier run's file must not survive
-    # 10 s (5 kept for the summary): env (planned 5 s) starts only if the script reached it within its first second,
-    # and whatever env takes, what it leaves is below the 6 s the cheapest later step plans — on an idle machine too
-    # (with a 13 s budget a fast env left exactly 6 s and the speed step ran)
+    # 10 s (5 kept for the summary): less than any step's plan (gpu_plan: env 8 s, the cheapest later one 6 s), so
+    # every step is skipped and says why; env's status is checked for any outcome should its plan shrink
     p, wall = run("--dry-run", "--budget", "10", "--sweep", "--out", str(tmp_path))
     s = load(tmp_path / "gpu_check.json")
     steps = {st["name"]: st for st in s["steps"]}
@@ -199,7 +199,10 @@ def test_dry_run_target_forward_step(full):
     run = d["runs"]["reference/padded"]
     assert run["useful_tflops"] == pytest.approx(r["useful_tflop"] / run["seconds"])
     skipped = {s["what"]: s["why"] for s in d["skipped"]}
-    assert "pip install flash-linear-attention causal-conv1d" in skipped["reference/packed"]   # torch cannot pack
+    # the torch reference packs only where packed_support says the documents stay apart; else it says why not
+    assert ("reference/packed" in d["runs"]) != ("reference/packed" in skipped)
+    if "reference/packed" in skipped:
+        assert "pip install" in skipped["reference/packed"] or "document" in skipped["reference/packed"]
     if not fla:
         assert "--wheels" in skipped["kernels"]
     for packing, tokens in (("padded", r["padded_tokens"]), ("packed", r["real_tokens"])):   # the dense stack packs
