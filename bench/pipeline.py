@@ -2,7 +2,8 @@
 
 Measures, on the current device and in one run:
   I  target-forward-only throughput (tokens/s): the producer's work alone;
-  T  drafter-train-only throughput (tokens/s) on precomputed features: the consumer's work alone;
+  T  drafter-train-only throughput (tokens/s) on precomputed features: the consumer's work alone (the trainer's own
+     `train_step` with the config's loss, D-PACE by default);
   P  the full pipelined trainer (`dflash_nb.trainer.train`), steady state (first log interval dropped).
 and prints P / min(I, T) (pipeline efficiency; 1.0 is the limit when target and drafter have their own devices) and
 P / (1 / (1/I + 1/T)) (against the serial bound, the limit when they share one device).
@@ -105,13 +106,12 @@ def main(argv=None):
     from dflash_nb.records import qwen3_tokenizer_dir, load_tokenizer, DataConfig
     from dflash_nb.inputs import synthetic_records, write_jsonl
     from dflash_nb.shards import tokenize_dataset
-    from dflash_nb.build import drafter_config, build_drafter, drafter_lm_head_weight, pick_backend, drafter_autocast
+    from dflash_nb.build import drafter_config, build_drafter, pick_backend
     from dflash_nb.rows import RowStream, make_batch
     from dflash_nb.train_config import TrainConfig
     from dflash_nb.trainer import train, load_samples
     from dflash_nb.target import TargetFeatures, tiny_target
-    from dflash_nb.attention import AnchorBlockLayout
-    from dflash_nb.loss import block_loss
+    from _common import Batches, now_iso, train_steps, trainer_run, with_features, write_json
 
     p = PRESETS[a.device]
     steps = a.steps or p["steps"]
@@ -122,6 +122,7 @@ def main(argv=None):
     else:
         tdev = ddev = torch.device("cpu")
     shared = tdev == ddev
+    load_start = os.getloadavg()[0]   # the CPU figures are only as good as the machine was quiet
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     n_samples = max(64, (steps + a.warmup + 4) * 2 * max(1, p["max_tokens"] // p["approx_tokens"]))
     src = write_jsonl(synthetic_records(n_samples, seed=0, approx_tokens=p["approx_tokens"]), work / "data.jsonl")
@@ -205,29 +206,13 @@ def main(argv=None):
         cfg.max_anchors,
     )
     print(f"attention backend: {backend} ({why})", flush=True)
-    params = [q for q in drafter.parameters() if q.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
-    head = drafter_lm_head_weight(drafter, feats, ddev)
-    dev_rows = [{k: v.to(ddev) for k, v in r.tensors().items()} for r in rows]
-    def drafter_step(r, f):
-        layout = AnchorBlockLayout(r["anchors"], r["keep"], r["doc_ids"], B)
-        with drafter_autocast(cfg, ddev):
-            h = drafter(f, r["position_ids"], r["block_ids"], r["block_pos"], layout=layout, backend=backend)
-            loss = block_loss(h, head, r["labels"], r["valid"], chunk_blocks=cfg.loss_chunk_blocks).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for i, (r, f) in enumerate(zip(dev_rows, features)):
-        if i == a.warmup:
-            sync(ddev)
-            t = time.perf_counter()
-        drafter_step(r, f)
-    sync(ddev)
-    T = sum(ntok[a.warmup:]) / (time.perf_counter() - t)
+    # the trainer's own train_step (its step_loss under the config's loss: D-PACE by default), one row per step
+    run = trainer_run(cfg, drafter, dcfg, feats, ddev, backend, why)
+    prepared = Batches(with_features(r, f, ddev) for r, f in zip(rows, features))
+    seconds = sum(train_steps(run, prepared, steps, a.warmup, each=False))
+    T = sum(ntok[a.warmup:]) / seconds
     print(f"T  drafter train only  : {T:12,.0f} tokens/s", flush=True)
-    del drafter, opt, features, dev_rows
+    del drafter, run, prepared, features
     if ddev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(ddev)
@@ -265,6 +250,9 @@ def main(argv=None):
             "params": sum(x.numel() for x in s["drafter"].parameters()),
         },
         "attention_backend": backend,
+        "loss_weighting": cfg.loss.weighting,
+        "finished": now_iso(),
+        "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
         "rows": {"max_tokens": cfg.max_tokens, "max_anchors": cfg.max_anchors, "mean_tokens": sum(ntok) / len(ntok)},
         "steps": steps,
         "warmup": a.warmup,
@@ -289,8 +277,7 @@ def main(argv=None):
     if a.device == "cpu": print("CPU: reported without a target (producer and drafter share the cores)")
     else: print(f"target {res['target_ratio']}: {'met' if res['meets_target'] else 'NOT met'}")
     out = Path(a.out or ROOT / "bench" / "results" / ("pipeline.json" if a.device == "cuda" else "pipeline-cpu.json"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1))
+    write_json(out, res)
     print(f"wrote {out}")
     return res
 

@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import torch
+from _common import write_json
 
 # The recipe every lever is measured against: the DFlash paper's slot decay. Pinned, not the trainer's default (D-PACE
 # since this bench measured it): the recorded base runs and every rerun then mean the same recipe
@@ -194,10 +195,9 @@ def build_data(work: Path, n_train: int, n_held: int, max_new_tokens: int = DATA
             r = regenerate(target, tok, prompts, d / "generated" / f"{part}.jsonl", max_new_tokens, 64, dcfg)
             tokenize_dataset([str(r["path"])], tok_dir, d / part, dcfg, verbose=False)
             stats[part] = {k: r[k] for k in ("prompts", "generated", "kept", "cut_by_verify", "cut_by_round_trip")}
-        done.write_text(json.dumps({"stats": stats, "seconds": round(time.perf_counter() - t0, 1),
-                                    "target_dtype": str(next(target.parameters()).dtype),
-                                    "generated_in": "torch.float32 (regenerate runs a CPU target in float32)"},
-                                   indent=1))
+        write_json(done, {"stats": stats, "seconds": round(time.perf_counter() - t0, 1),
+                          "target_dtype": str(next(target.parameters()).dtype),
+                          "generated_in": "torch.float32 (regenerate runs a CPU target in float32)"})
         log(f"data generated in {time.perf_counter() - t0:.0f}s: {stats}")
     return dict(kind=kind, target=target, target_dir=None if kind == "tiny" else str(tok_dir), train_dir=d / "train",
                 held_dir=d / "heldout", data=json.loads(done.read_text()))
@@ -439,9 +439,7 @@ def write_merged(out: Path, result: dict) -> dict:
         fcntl.flock(lock, fcntl.LOCK_EX)
         old = json.loads(out.read_text()) if out.exists() else {}
         merged = merge_results(old, result)
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(merged, indent=1))
-        os.replace(tmp, out)
+        write_json(out, merged)
     finally:
         os.close(lock)
     return merged

@@ -194,10 +194,8 @@ def main():
         "targets_met": targets,
         "shards_identical_1w_2w": same,
     }
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(a.out + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, a.out)
+    from _common import write_json
+    write_json(a.out, summary, indent=2)
     print("wrote", a.out)
 
 

@@ -298,16 +298,15 @@ def pick_backend(name: str,                  # train.backend: auto, flex, triton
                  drafter_cfg=None,           # the DrafterConfig whose shapes the `auto` probe measures
                  seq_len: int = 0, num_anchors: int = 0,
                  run_dir=None) -> tuple[str, str]:   # where the probe records its measurements (None: nowhere)
-    "The attention backend and why: as set, sdpa on CPU, else the `auto` probe on the real shapes."
+    "The attention backend and why: as set, sdpa on CPU, else the fastest the `auto` probe measures on the real shapes."
     if name != "auto": return name, "set in the config"
     if device.type != "cuda":
         return "sdpa", "CPU: flex_attention has no backward on CPU and the Triton interpreter is for tests"
     try:
         from dflash_nb.attention import select_backend
         c = drafter_cfg
-        kinds = sorted({(c.sliding_window, True) if t == "sliding" else (None, False) for t in c.resolved_layer_types},
-                       key=str)
+        layers = [(c.sliding_window, True) if t == "sliding" else (None, False) for t in c.resolved_layer_types]
         return select_backend(device, dtype, c.num_attention_heads, c.num_key_value_heads, c.head_dim, seq_len,
-                              num_anchors, c.block_size, kinds=tuple(kinds), run_dir=run_dir, verbose=False)
+                              num_anchors, c.block_size, kinds=layers, run_dir=run_dir, verbose=False)
     except Exception as e:  # the probe itself failing must not stop training
         return "sdpa", f"backend probe failed ({type(e).__name__}: {e}); using sdpa"

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -133,7 +134,50 @@ def test_auto_on_cpu_ends_at_sdpa_and_records_why(tmp_path, monkeypatch, capsys)
     assert rec["backend"] == "sdpa" and rec["reason"] == reason and rec["device"] == "cpu" and rec["dtype"] == "float32"
     assert [(t["backend"], t["ok"]) for t in rec["tried"]] == [("flex", False), ("triton", False), ("sdpa", True)]
     assert rec["shapes"] == dict(num_heads=4, num_kv_heads=2, head_dim=16, seq_len=80, num_anchors=6, block_size=4)
+    assert reason.endswith("the only backend that passed (not timed)") and rec["ms_per_step"] == {}
     assert "attention backend: sdpa" in capsys.readouterr().out
+
+
+def _napping(fn, seconds):
+    def slow(*a):
+        time.sleep(seconds)
+        return fn(*a)
+    return slow
+
+
+@pytest.mark.parametrize("slow,want", [("flex", "sdpa"), ("sdpa", "flex")])
+def test_auto_takes_the_fastest_by_measured_time(slow, want, tmp_path, monkeypatch):
+    "Fault injection: a correct CPU stand-in for flex (dense-mask SDPA) and a pause in one backend decide the choice."
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    sdpa = A._sdpa
+    monkeypatch.setattr(A.AnchorBlockLayout, "block_mask", A.AnchorBlockLayout.dense_mask)   # what the stand-in gets
+    monkeypatch.setattr(A, "_flex", _napping(sdpa, 0.02) if slow == "flex" else sdpa)
+    monkeypatch.setattr(A, "_sdpa", _napping(sdpa, 0.02) if slow == "sdpa" else sdpa)
+    layers = [(12, True)] * 4 + [(None, False)]                # the drafter's list: 4 sliding + 1 full layer
+    name, reason = select_backend("cpu", torch.float32, 4, 2, 16, 80, 6, 4, kinds=layers, run_dir=tmp_path,
+                                  verbose=False, timing_steps=2)
+    assert name == want, reason
+    rec = json.loads((tmp_path / "attention_backend.json").read_text())
+    ms = rec["ms_per_step"]
+    assert set(ms) == {"flex", "sdpa"} and ms[slow] >= 5 * 20 and ms[want] < ms[slow]   # 5 layers, each paused 20 ms
+    assert f"fastest of 2 timed: {want} " in reason and "per step of 5 layer(s)" in reason and "triton failed" in reason
+    assert rec["kinds"] == [[12, True]] * 4 + [[None, False]] and rec["backend"] == want
+    assert {t["backend"]: t.get("ms_per_step") for t in rec["tried"]} == {"flex": ms["flex"], "triton": None,
+                                                                          "sdpa": ms["sdpa"]}
+
+
+def test_auto_drops_a_backend_that_fails_when_timed(monkeypatch):
+    "A backend that passes the probe once but fails later (memory, say) is recorded and not chosen."
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    sdpa, calls = A._sdpa, []
+    def flaky(*a):
+        calls.append(1)
+        if len(calls) > 1: raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return sdpa(*a)
+    monkeypatch.setattr(A.AnchorBlockLayout, "block_mask", A.AnchorBlockLayout.dense_mask)
+    monkeypatch.setattr(A, "_flex", flaky)
+    name, reason = select_backend("cpu", torch.float32, 2, 1, 8, 40, 4, 4, verbose=False)
+    assert name == "sdpa" and "fastest of 1 timed: sdpa" in reason, reason
 
 
 def test_auto_falls_back_past_a_wrong_or_broken_triton(tmp_path, monkeypatch):
@@ -175,6 +219,7 @@ _SM120_SCRIPT = textwrap.dedent('''
     ERR = sys.argv[2]
     def sm120(*a, **kw): raise RuntimeError(ERR)
     A._flex = sm120                                       # fault injection: flex fails as on SM120
+    A.BACKENDS = ("flex", "triton")                       # sdpa would win the timing against the CPU interpreter
     name, reason = A.select_backend("cpu", torch.float32, 4, 2, 16, 48, 5, 4, kinds=((None, False), (8, True)), run_dir=sys.argv[1])
     # backend="auto" through the public call: triton, equal to the dense reference in output and dq
     g = torch.Generator().manual_seed(0)
@@ -201,6 +246,7 @@ def test_auto_picks_triton_when_flex_hits_the_sm120_limit(tmp_path):
     assert out["name"] == "triton" and out["auto"] == ["triton"]
     assert out["reason"].startswith("flex failed (RuntimeError: No valid triton configs") and "Hardware limit: 101376" in out["reason"]
     assert "triton forward+backward ok, matches the dense reference on 2 kind(s)" in out["reason"]
+    assert out["reason"].endswith("the only backend that passed (not timed)")
     assert any(l.startswith("attention backend: triton (flex failed") for l in lines)
     assert out["err"] < 1e-4 and out["gerr"] < 1e-4
     rec = json.loads((tmp_path / "attention_backend.json").read_text())
