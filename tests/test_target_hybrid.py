@@ -146,3 +146,28 @@ def test_refusals(qwen36, monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(qwen36, "_use_kernels", True, raising=False)
     assert packed_support(qwen36) == (False, "hub kernels are not verified with packed (varlen) input")
+
+
+def test_gpu_extra_is_wheels_only():
+    "The [gpu] extra names fla's two pure-Python wheels and not causal-conv1d (a source build); the install line agrees."
+    import configparser, re
+    from pathlib import Path
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[1] / "settings.ini")
+    names = {re.split(r"[<>=!~;\[ ]", r)[0] for r in cfg["DEFAULT"]["gpu_requirements"].split()}
+    assert names == {"flash-linear-attention", "fla-core"}
+    assert "dflash_nb[gpu]" in target_mod.GPU_INSTALL and "causal-conv1d" in target_mod.GPU_INSTALL   # optional
+
+
+@pytest.mark.gpu
+def test_cuda_packed_hybrid_equals_per_document():
+    "On CUDA in bf16: fla's varlen conv and recurrence where fla is installed (else the torch path), = per document."
+    import importlib.util
+    m = tiny_target("qwen3_5", num_layers=8, full_attention_interval=4, dtype=torch.bfloat16).cuda()
+    ids, doc_ids = packed_row(LENGTHS, PAD, seed=4)
+    tf = TargetFeatures(m, LAYERS)
+    fla = importlib.util.find_spec("fla") is not None
+    assert tf.packing == "packed" and ("recurrence fla varlen" in tf.packing_reason) == fla, tf.packing_reason
+    f = tf(ids.cuda(), doc_ids.cuda())
+    ref = alone(m, ids.cuda(), doc_ids.cuda())
+    torch.testing.assert_close(f.float(), ref.float(), rtol=3e-2, atol=3e-2)
