@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_target.ipynb #6525a761
 from __future__ import annotations
-import contextlib, importlib.util, itertools, math, sys, warnings
+import contextlib, functools, importlib.util, inspect, itertools, math, sys, warnings
 from pathlib import Path
 import torch
 from torch import nn
@@ -12,8 +12,9 @@ from .model import default_target_layer_ids   # the layer rule belongs to the dr
 
 # %% auto #0
 __all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
-           'document_spans', 'bucket_spans', 'packed_support', 'block_causal_mask', 'TargetFeatures', 'fast_paths',
-           'fast_paths_line']
+           'document_spans', 'bucket_spans', 'per_document_causal_conv1d', 'per_document_gated_delta_rule',
+           'fla_causal_conv1d', 'isolated_linear_attention', 'packed_support', 'block_causal_mask', 'TargetFeatures',
+           'fast_paths', 'fast_paths_line']
 
 # %% ../nbs/07_target.ipynb #d786042e
 _LAYER_PATHS = (
@@ -214,7 +215,7 @@ def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[li
 
 # %% ../nbs/07_target.ipynb #b8d2f3e1
 _PACKED_DENSE = ("qwen3", "llama")              # dense model types whose packed forward is proven equal per document
-_PACKED_HYBRID = ("qwen3_5_text", "qwen3_5")    # hybrids: packed only with the varlen linear-attention kernels
+_PACKED_HYBRID = ("qwen3_5_text", "qwen3_5")    # hybrids whose Gated DeltaNet layers are isolated per document below
 
 def _text_config(model: nn.Module):
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -223,12 +224,19 @@ def _device_type(model: nn.Module) -> str:
     "The device type the target's embedding sits on ('cuda', 'cpu', ...)."
     return model.get_input_embeddings().weight.device.type
 
+def _uses_hub_kernels(model: nn.Module) -> bool:
+    return bool(getattr(model, "_use_kernels", False) or getattr(model, "use_kernels", False) is True)
+
+# %% ../nbs/07_target.ipynb #bd855c87
+def _linear_attention_mixer(model: nn.Module) -> nn.Module | None:
+    "The target's first linear-attention module (a Gated DeltaNet), or None."
+    return next((m for layer in find_decoder_layers(model) if (m := getattr(layer, "linear_attn", None)) is not None),
+                None)
+
 def _linear_attention_module(model: nn.Module):
     "The modeling module of the target's first linear-attention layer (where transformers bound its kernels), or None."
-    for layer in find_decoder_layers(model):
-        mixer = getattr(layer, "linear_attn", None)
-        if mixer is not None: return sys.modules[type(mixer).__module__]
-    return None
+    mixer = _linear_attention_mixer(model)
+    return None if mixer is None else sys.modules[type(mixer).__module__]
 
 def _bound_kernel(module, name: str) -> str | None:
     "The package transformers bound to the kernel-or-torch function `name` of `module` at import; None: torch."
@@ -237,15 +245,100 @@ def _bound_kernel(module, name: str) -> str | None:
     cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
     return cells.get("package") if cells.get("is_new_implementation") else None
 
-def _uses_hub_kernels(model: nn.Module) -> bool:
-    return bool(getattr(model, "_use_kernels", False) or getattr(model, "use_kernels", False) is True)
+# %% ../nbs/07_target.ipynb #773b9d10
+_CONV, _RULE = "causal_conv1d_fn", "torch_chunk_gated_delta_rule"  # the module globals the Gated DeltaNet forward calls
+
+def _document_bounds(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    "`[start, end)` of every document from the cumulative lengths `[0, n_0, n_0 + n_1, ...]`."
+    b = cu_seqlens.tolist()
+    return list(zip(b[:-1], b[1:]))
+
+def per_document_causal_conv1d(
+    conv,                        # transformers' torch causal conv: (B, D, T) -> (B, D, T), zero history before t = 0
+    hidden_states,               # (1, D, T) the packed row, channels first, as the Gated DeltaNet layer passes it
+    weight, bias=None, activation=None,
+    cu_seq_lens_q=None,          # document starts (a packed forward's kwarg); None: the row is one sequence
+    **kwargs,                    # seq_idx and the other forward kwargs: not needed here
+):
+    "`conv` on every document alone: no conv window reaches back across a document start."
+    if cu_seq_lens_q is None: return conv(hidden_states, weight, bias, activation=activation)
+    parts = [conv(hidden_states[..., s:e], weight, bias, activation=activation)
+             for s, e in _document_bounds(cu_seq_lens_q)]
+    return torch.cat(parts, -1)
+
+# %% ../nbs/07_target.ipynb #ad202834
+def per_document_gated_delta_rule(
+    rule,                        # transformers' torch chunked gated delta rule (a zero initial state by default)
+    query, key, value, g, beta,  # (1, T, heads, dim) and (1, T, heads): the packed row
+    cu_seqlens=None,             # document starts; None: the row is one sequence
+    initial_state=None, output_final_state=False,   # cache state: a packed forward runs without a cache
+    **kwargs,                    # use_qk_l2norm_in_kernel, seq_idx, ...
+):
+    "`rule` on every document alone: the recurrent state starts from zero at every document start."
+    if cu_seqlens is None:
+        return rule(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                    output_final_state=output_final_state, **kwargs)
+    if initial_state is not None or output_final_state:
+        raise ValueError("a packed row runs without a cache: no initial or final recurrent state")
+    parts = [rule(query[:, s:e], key[:, s:e], value[:, s:e], g=g[:, s:e], beta=beta[:, s:e], **kwargs)[0]
+             for s, e in _document_bounds(cu_seqlens)]
+    return torch.cat(parts, 1), None
+
+# %% ../nbs/07_target.ipynb #e2ad1dc4
+def fla_causal_conv1d(
+    hidden_states,               # (1, D, T) channels first, as the Gated DeltaNet layer passes it
+    weight, bias=None, activation=None,
+    cu_seq_lens_q=None,          # document starts: fla's `cu_seqlens`
+    **kwargs,
+):
+    "fla's Triton causal conv (varlen through `cu_seqlens`) behind the call the Gated DeltaNet layer makes (CUDA)."
+    from fla.modules.causal_conv1d import causal_conv1d   # fla's own conv: no causal-conv1d build needed
+    y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation, cu_seqlens=cu_seq_lens_q)
+    return y.transpose(1, 2)
+
+# %% ../nbs/07_target.ipynb #5ffdf0dd
+def _fla_installed() -> bool:
+    return importlib.util.find_spec("fla") is not None
+
+def _isolating_kernels(model: nn.Module) -> dict:
+    "{module global: (what runs, function)}: the conv and recurrence a packed forward binds on this target's device."
+    mod, cuda = _linear_attention_module(model), _device_type(model) == "cuda"
+    conv, rule = getattr(mod, _CONV), getattr(mod, _RULE)
+    if cuda and _bound_kernel(mod, _CONV) == "causal_conv1d": pick_conv = ("causal_conv1d", conv)  # takes seq_idx
+    elif cuda and _fla_installed(): pick_conv = ("fla", fla_causal_conv1d)
+    else: pick_conv = ("torch reference", functools.partial(per_document_causal_conv1d, inspect.unwrap(conv)))
+    if cuda and _bound_kernel(mod, _RULE) == "fla": pick_rule = ("fla", rule)   # fla's rule takes cu_seqlens itself
+    else: pick_rule = ("torch reference", functools.partial(per_document_gated_delta_rule, inspect.unwrap(rule)))
+    return {_CONV: pick_conv, _RULE: pick_rule}
+
+def _calls_rebindable_kernels(model: nn.Module) -> bool:
+    "Whether the linear-attention layers call the conv and the recurrence through the module globals rebound here."
+    mixer = _linear_attention_mixer(model)
+    names = inspect.unwrap(type(mixer).forward).__code__.co_names
+    return all(n in names and hasattr(sys.modules[type(mixer).__module__], n) for n in (_CONV, _RULE))
+
+# %% ../nbs/07_target.ipynb #e5c8637e
+@contextlib.contextmanager
+def isolated_linear_attention(model: nn.Module):
+    "While active, `model`'s Gated DeltaNet layers restart their conv and recurrent state at every packed document."
+    mod = _linear_attention_module(model)
+    picks = _isolating_kernels(model) if mod is not None else {}
+    saved = {name: getattr(mod, name) for name in picks}
+    try:
+        for name, (_, fn) in picks.items(): setattr(mod, name, fn)
+        yield {name: what for name, (what, _) in picks.items()}
+    finally:
+        for name, fn in saved.items(): setattr(mod, name, fn)
+
+# %% ../nbs/07_target.ipynb #b1b04f84
+_HOW = {"torch reference": "torch reference once per document", "fla": "fla varlen (cu_seqlens)",
+        "causal_conv1d": "causal-conv1d (seq_idx)"}
 
 def packed_support(model: nn.Module) -> tuple[bool, str]:
     "Whether a packed row can run as one forward with its documents isolated, and why (or why not)."
     cfg = _text_config(model)
     impl = str(getattr(cfg, "_attn_implementation", None) or getattr(model.config, "_attn_implementation", "eager"))
-    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
-    flash = impl.startswith("flash_attention")
+    kinds, flash = set(getattr(cfg, "layer_types", None) or ["full_attention"]), impl.startswith("flash_attention")
     if impl not in ("sdpa", "eager") and not flash:
         return False, f"attention implementation {impl!r} is not verified with a block-diagonal mask"
     how = "varlen flash attention (cu_seq_lens)" if flash else f"{impl} with a block-diagonal causal mask"
@@ -254,16 +347,14 @@ def packed_support(model: nn.Module) -> tuple[bool, str]:
     if cfg.model_type not in _PACKED_HYBRID or not kinds <= {"full_attention", "linear_attention"}:
         return False, f"packing is not verified for model type {cfg.model_type!r} (layer kinds {sorted(kinds)})"
     if _uses_hub_kernels(model): return False, "hub kernels are not verified with packed (varlen) input"
-    mod = _linear_attention_module(model)
-    missing = [pkg for fn, pkg in (("torch_chunk_gated_delta_rule", "flash-linear-attention"),
-                                   ("causal_conv1d_fn", "causal-conv1d")) if _bound_kernel(mod, fn) is None]
-    if missing:   # the torch reference conv and recurrence would carry one document into the next
-        return False, (f"hybrid {cfg.model_type}: the linear-attention layers run the torch reference, which cannot "
-                       f"keep packed documents apart ({' and '.join(missing)} not installed); "
-                       f"pip install {' '.join(missing)}")
-    if _device_type(model) != "cuda": return False, "the linear-attention kernels need CUDA"
-    return True, f"hybrid {cfg.model_type}: fla/causal-conv1d varlen (cu_seqlens, seq_idx); full attention: {how}"
+    if not _calls_rebindable_kernels(model):
+        return False, (f"hybrid {cfg.model_type}: its linear-attention layers do not call {_CONV} and {_RULE} "
+                       "from their modeling module (a transformers version not verified here)")
+    picks = _isolating_kernels(model)
+    return True, (f"hybrid {cfg.model_type}: Gated DeltaNet conv {_HOW[picks[_CONV][0]]}, recurrence "
+                  f"{_HOW[picks[_RULE][0]]}; full attention: {how}, positions restart per document")
 
+# %% ../nbs/07_target.ipynb #391c0bb4
 def block_causal_mask(
     lengths: list[int],    # document lengths, in row order
     dtype: torch.dtype,    # the model's dtype: an additive mask (0 / most negative), which sdpa and eager both accept
@@ -273,6 +364,15 @@ def block_causal_mask(
     doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     keep = (doc[:, None] == doc[None, :]).tril_()
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
+
+# %% ../nbs/07_target.ipynb #a69a98fe
+def _method(cls):
+    "Decorator: add the function to `cls` as a method (a class told across cells, one method per cell)."
+    def add(fn):
+        fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
+        setattr(cls, fn.__name__, fn)
+        return fn
+    return add
 
 # %% ../nbs/07_target.ipynb #0486fddb
 class TargetFeatures:
@@ -288,177 +388,173 @@ class TargetFeatures:
         # logits through the shared lm_head, for distillation; runs every layer
         packing: str = "auto",  # "packed": one unpadded forward per row; "padded": length-bucketed
     ):  # micro-batches; "auto": packed where `packed_support` allows it
-        self.model = model.eval().requires_grad_(False)
-        self.layers = find_decoder_layers(model)
-        self.layer_ids = [int(i) for i in layer_ids]
-        if not self.layer_ids:
-            raise ValueError("layer_ids is empty")
         from dflash_nb.model import check_target_layer_ids  # the serving stacks' rule on layer ids
-
+        self.model, self.layers = model.eval().requires_grad_(False), find_decoder_layers(model)
+        self.layer_ids = [int(i) for i in layer_ids]
+        if not self.layer_ids: raise ValueError("layer_ids is empty")
         check_target_layer_ids(self.layer_ids, len(self.layers))
-        self.last_layer = max(self.layer_ids)
-        self.final_norm = find_final_norm(model) if final_hidden else None
+        self.last_layer, self.final_norm = max(self.layer_ids), (find_final_norm(model) if final_hidden else None)
         self.max_batch_tokens, self.use_attention_mask = int(max_batch_tokens), use_attention_mask
-        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.hidden_size = int(cfg.hidden_size)
-        self.num_target_layers = len(self.layers)
+        cfg = _text_config(model)
+        self.hidden_size, self.num_target_layers = int(cfg.hidden_size), len(self.layers)
         self.pad_token_id = int(getattr(cfg, "pad_token_id", None) or 0)
         self.packing, self.packing_reason = self._choose_packing(packing)
 
-    def _choose_packing(self, packing: str) -> tuple[str, str]:
-        "Which path runs ('packed' or 'padded') and why."
-        if packing not in ("auto", "packed", "padded"):
-            raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
-        if packing == "padded":
-            return "padded", "packing='padded' was asked for"
-        ok, why = packed_support(self.model)
-        if packing == "packed" and not ok:
-            raise ValueError(f"packing='packed' is not possible for this target: {why}")
-        return ("packed" if ok else "padded"), why
+# %% ../nbs/07_target.ipynb #b5adac97
+@_method(TargetFeatures)
+def _choose_packing(self, packing: str) -> tuple[str, str]:
+    "Which path runs ('packed' or 'padded') and why."
+    if packing not in ("auto", "packed", "padded"):
+        raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
+    if packing == "padded": return "padded", "packing='padded' was asked for"
+    ok, why = packed_support(self.model)
+    if packing == "packed" and not ok: raise ValueError(f"packing='packed' is not possible for this target: {why}")
+    return ("packed" if ok else "padded"), why
 
-    @property
-    def num_features(self) -> int:
-        return len(self.layer_ids)
+# %% ../nbs/07_target.ipynb #f77e7369
+TargetFeatures.num_features = property(lambda self: len(self.layer_ids), doc="n_t, the number of feature layers")
+TargetFeatures.feature_size = property(lambda self: self.num_features * self.hidden_size, doc="n_t·H")
+TargetFeatures.output_size = property(
+    lambda self: self.feature_size + (self.hidden_size if self.final_norm is not None else 0),
+    doc="columns per token: n_t·H, + H with final_hidden")
+TargetFeatures.embed_tokens = property(lambda self: self.model.get_input_embeddings(), doc="the target's embedding")
+TargetFeatures.lm_head = property(lambda self: self.model.get_output_embeddings(), doc="the target's lm_head")
+TargetFeatures.device = property(lambda self: self.embed_tokens.weight.device, doc="where the forward runs")
+TargetFeatures.dtype = property(lambda self: self.embed_tokens.weight.dtype, doc="the features' dtype")
 
-    @property
-    def feature_size(self) -> int:
-        return self.num_features * self.hidden_size
+# %% ../nbs/07_target.ipynb #3b606f36
+@_method(TargetFeatures)
+@contextlib.contextmanager
+def _hooks(self, store: dict):
+    "Forward hooks that put each feature layer's output in `store` and stop the forward after the last one."
+    def make(i):
+        def hook(mod, args, out):
+            store[i] = _layer_output(out)
+            if i == self.last_layer and self.final_norm is None: raise _StopForward
+        return hook
+    def final(mod, args, out):  # after the final norm: skip the lm_head over every position
+        store["final"] = _layer_output(out)
+        raise _StopForward
+    handles = [self.layers[i].register_forward_hook(make(i)) for i in sorted(set(self.layer_ids))]
+    if self.final_norm is not None: handles.append(self.final_norm.register_forward_hook(final))
+    try: yield
+    finally:
+        for h in handles: h.remove()
 
-    @property
-    def output_size(self) -> int:
-        return self.feature_size + (self.hidden_size if self.final_norm is not None else 0)
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        return self.model.get_input_embeddings()
-
-    @property
-    def lm_head(self) -> nn.Module:
-        return self.model.get_output_embeddings()
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
-
-    @contextlib.contextmanager
-    def _hooks(self, store: dict):
-        def make(i):
-            def hook(mod, args, out):
-                store[i] = _layer_output(out)
-                if i == self.last_layer and self.final_norm is None:
-                    raise _StopForward
-
-            return hook
-
-        def final(mod, args, out):  # after the final norm: skip the lm_head over every position
-            store["final"] = _layer_output(out)
-            raise _StopForward
-
-        handles = [self.layers[i].register_forward_hook(make(i)) for i in sorted(set(self.layer_ids))]
-        if self.final_norm is not None:
-            handles.append(self.final_norm.register_forward_hook(final))
+# %% ../nbs/07_target.ipynb #5c64ccd6
+@_method(TargetFeatures)
+def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
+    "One forward (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
+    store = {}
+    with self._hooks(store), torch.inference_mode():
         try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
+            self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
+        except _StopForward:
+            pass
+        else:
+            raise RuntimeError("the target forward finished without reaching the last hooked layer")
+    return store
 
-    def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
-        "One forward (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
-        store = {}
-        with self._hooks(store), torch.inference_mode():
-            try:
-                self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False, **kwargs)
-            except _StopForward:
-                pass
-            else:
-                raise RuntimeError("the target forward finished without reaching the last hooked layer")
-        return store
+# %% ../nbs/07_target.ipynb #baf969da
+@_method(TargetFeatures)
+def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
+    "Attention mask and extra forward kwargs that keep the documents of one unpadded row apart."
+    dev, cfg = self.device, _text_config(self.model)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
+    kwargs, mask = {}, None
+    if str(getattr(cfg, "_attn_implementation", "")).startswith("flash_attention"):
+        kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    elif len(lengths) > 1:
+        mask = block_causal_mask(lengths, self.dtype, dev)  # T² entries: 32 MB in bf16 at T = 4096
+    if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
+        mask = {"full_attention": mask, "linear_attention": None}
+        seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32, device=dev),
+                                          torch.tensor(lengths, device=dev))
+        kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])  # read by the Gated DeltaNet conv and recurrence
+    return mask, kwargs
 
-    def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
-        "Attention mask and extra forward kwargs that keep the documents of one unpadded row apart."
-        dev, cfg = self.device, _text_config(self.model)
-        cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
-        kwargs, mask = {}, None
-        if str(getattr(cfg, "_attn_implementation", "")).startswith("flash_attention"):
-            kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
-        elif len(lengths) > 1:
-            mask = block_causal_mask(lengths, self.dtype, dev)  # T² entries: 32 MB in bf16 at T = 4096
-        if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
-            mask = {"full_attention": mask, "linear_attention": None}
-            seq_idx = torch.repeat_interleave(
-                torch.arange(len(lengths), dtype=torch.int32, device=dev), torch.tensor(lengths, device=dev)
-            )
-            kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])  # fla's recurrence / causal-conv1d's conv
-        return mask, kwargs
+# %% ../nbs/07_target.ipynb #7d3faf9d
+@_method(TargetFeatures)
+def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
+    "Scatter one forward's captured states into the row's feature matrix."
+    H = self.hidden_size
+    pick = (lambda t: t.to(out.device)[valid]) if valid is not None else (lambda t: t.to(out.device)[0])
+    with torch.no_grad():
+        for j, lid in enumerate(self.layer_ids):
+            out[rows, j * H : (j + 1) * H] = pick(store[lid]).to(out.dtype)  # layers may sit on other GPUs
+        if self.final_norm is not None:
+            out[rows, self.feature_size :] = pick(store["final"]).to(out.dtype)
 
-    def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
-        "Scatter one forward's captured states into the row's feature matrix."
-        H = self.hidden_size
-        pick = (lambda t: t.to(out.device)[valid]) if valid is not None else (lambda t: t.to(out.device)[0])
-        with torch.no_grad():
-            for j, lid in enumerate(self.layer_ids):
-                out[rows, j * H : (j + 1) * H] = pick(store[lid]).to(out.dtype)  # layers may sit on other GPUs
-            if self.final_norm is not None:
-                out[rows, self.feature_size :] = pick(store["final"]).to(out.dtype)
+# %% ../nbs/07_target.ipynb #5087cbdf
+@_method(TargetFeatures)
+def _packed_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
+    "The packed path: one forward over the row's real tokens only (no padding computed), documents kept apart."
+    lengths, dev = [e - s for s, e in spans], self.device
+    rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
+    pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None]
+    mask, kwargs = self._packed_inputs(lengths)
+    with isolated_linear_attention(self.model):
+        self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
 
-    def __call__(
-        self,
-        input_ids: torch.Tensor,  # (S,) long, one packed row
-        doc_ids: torch.Tensor,  # (S,) long, −1 = padding
-    ) -> torch.Tensor:
-        "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at pads."
-        S, dev = input_ids.shape[0], self.device
-        out = torch.zeros(S, self.output_size, dtype=self.dtype, device=dev)
-        input_ids, spans = input_ids.to(dev), document_spans(doc_ids)
-        if self.packing == "packed" and spans:  # one forward over the real tokens only: no padding computed
-            lengths = [e - s for s, e in spans]
-            rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
-            pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None]
-            mask, kwargs = self._packed_inputs(lengths)
-            self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
-            return out
-        for batch in bucket_spans(spans, self.max_batch_tokens):
-            lens = torch.tensor([e - s for s, e in batch], device=dev)
-            valid = torch.arange(int(lens.max()), device=dev)[None, :] < lens[:, None]  # (b, T) right padding
-            rows = torch.cat([torch.arange(s, e) for s, e in batch]).to(dev)  # row position of each valid slot
-            ids = torch.full(valid.shape, self.pad_token_id, dtype=torch.long, device=dev)
-            ids[valid] = input_ids[rows]
-            pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
-            self._write(out, rows, self._run(ids, valid.long() if self.use_attention_mask else None, pos), valid)
-        return out
+@_method(TargetFeatures)
+def _padded_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
+    "The padded path: length-bucketed micro-batches of right-padded documents."
+    dev = self.device
+    for batch in bucket_spans(spans, self.max_batch_tokens):
+        lens = torch.tensor([e - s for s, e in batch], device=dev)
+        valid = torch.arange(int(lens.max()), device=dev)[None, :] < lens[:, None]  # (b, T) right padding
+        rows = torch.cat([torch.arange(s, e) for s, e in batch]).to(dev)  # row position of each valid slot
+        ids = torch.full(valid.shape, self.pad_token_id, dtype=torch.long, device=dev)
+        ids[valid] = input_ids[rows]
+        pos = torch.arange(ids.shape[1], device=dev).expand_as(ids)
+        self._write(out, rows, self._run(ids, valid.long() if self.use_attention_mask else None, pos), valid)
+
+# %% ../nbs/07_target.ipynb #46081d65
+@_method(TargetFeatures)
+def __call__(
+    self,
+    input_ids: torch.Tensor,  # (S,) long, one packed row
+    doc_ids: torch.Tensor,  # (S,) long, −1 = padding
+) -> torch.Tensor:
+    "Features `(S, n_t·H)` of a packed row (`(S, n_t·H + H)` with `final_hidden`); documents isolated; 0 at pads."
+    out = torch.zeros(input_ids.shape[0], self.output_size, dtype=self.dtype, device=self.device)
+    input_ids, spans = input_ids.to(self.device), document_spans(doc_ids)
+    if spans: (self._packed_forward if self.packing == "packed" else self._padded_forward)(out, input_ids, spans)
+    return out
 
 # %% ../nbs/07_target.ipynb #d0f4b5a1
-GPU_INSTALL = "pip install flash-linear-attention causal-conv1d   # or: pip install 'dflash_nb[gpu]'"
+GPU_INSTALL = ("pip install 'dflash_nb[gpu]'   # = pip install flash-linear-attention fla-core: wheels only; "
+               "causal-conv1d (a source build with nvcc) is optional")
 
 def fast_paths(model: nn.Module) -> dict:
     "Which kernels the target's forward runs (attention, linear attention, causal conv) and whether rows run packed."
     cfg = _text_config(model)
     n_linear = list(getattr(cfg, "layer_types", None) or ()).count("linear_attention")
-    rule = conv = None
-    if n_linear:   # mirror transformers' choice: hub kernel if asked for, else the package bound at import, else torch
-        mod, hub = _linear_attention_module(model), _uses_hub_kernels(model)
-        rule = "hub kernel" if hub else (_bound_kernel(mod, "torch_chunk_gated_delta_rule") or "torch reference")
-        conv = "hub kernel" if hub else (_bound_kernel(mod, "causal_conv1d_fn") or "torch reference")
     packed, why = packed_support(model)
+    rule = conv = None
+    if n_linear and packed:   # what isolated_linear_attention binds for the packed forward
+        picks = _isolating_kernels(model)
+        rule, conv = picks[_RULE][0], picks[_CONV][0]
+    elif n_linear:   # as transformers picks: a hub kernel if asked for, else the package bound at import, else torch
+        mod, hub = _linear_attention_module(model), _uses_hub_kernels(model)
+        rule = "hub kernel" if hub else (_bound_kernel(mod, _RULE) or "torch reference")
+        conv = "hub kernel" if hub else (_bound_kernel(mod, _CONV) or "torch reference")
     report = dict(model_type=cfg.model_type, device=_device_type(model),
                   attn_implementation=str(getattr(cfg, "_attn_implementation", None)),
                   linear_attention_layers=n_linear, linear_attention_kernel=rule, causal_conv1d=conv,
                   packed=packed, packed_reason=why)
     if report["device"] == "cuda" and "torch reference" in (rule, conv):
         warnings.warn(f"WARNING: the hybrid target's {n_linear} linear-attention layers run transformers' torch "
-                      f"reference (Gated DeltaNet {rule}, conv {conv}): many times slower than the kernels, and rows "
-                      f"run padded. Install: {GPU_INSTALL}", stacklevel=2)
+                      f"reference (recurrence {rule}, conv {conv}): many times slower than the kernels. "
+                      f"Install: {GPU_INSTALL}", stacklevel=2)
     return report
 
+# %% ../nbs/07_target.ipynb #0f72f12d
 def fast_paths_line(report: dict) -> str:
     "The `fast_paths` report in one line."
-    lin = (f", linear attention {report['linear_attention_layers']} layers: {report['linear_attention_kernel']}"
-           f" / conv {report['causal_conv1d']}" if report["linear_attention_layers"] else "")
+    lin = (f", linear attention {report['linear_attention_layers']} layers: recurrence "
+           f"{report['linear_attention_kernel']} / conv {report['causal_conv1d']}"
+           if report["linear_attention_layers"] else "")
     path = "packed" if report["packed"] else "padded"
     return (f"target {report['model_type']} on {report['device']}: attention {report['attn_implementation']}{lin}; "
             f"rows {path} ({report['packed_reason']})")

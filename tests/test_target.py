@@ -79,8 +79,8 @@ def test_hook_features_equal_hidden_states(models, arch):
     torch.testing.assert_close(f2, reference_features(m, ids, [3, 0, 3]), rtol=0, atol=1e-6)
 
 
-# the padded path at three bucket sizes for every arch; the packed path (dense: "auto" packs; max_batch_tokens unused)
-CASES = [(a, mbt, "padded") for a in ARCHS for mbt in (1, 80, 100_000)] + [("qwen3", 1, "auto"), ("llama", 1, "auto")]
+# the padded path at three bucket sizes for every arch; the packed path ("auto" packs them all; max_batch_tokens unused)
+CASES = [(a, mbt, "padded") for a in ARCHS for mbt in (1, 80, 100_000)] + [(a, 1, "auto") for a in ARCHS]
 
 
 @pytest.mark.parametrize("arch,max_batch_tokens,packing", CASES)
@@ -277,14 +277,17 @@ def test_packed_isolation_can_fail(models, monkeypatch):
     assert (leaky[9:] - good[9:]).abs().max() > 1e-2
 
 
-def test_hybrid_without_fla_falls_back_to_padded_and_says_so(models):
+def test_hybrid_on_cpu_packs_with_the_torch_path_and_says_so(models, monkeypatch):
     m = models["qwen3_5"]
     ok, why = packed_support(m)
-    assert not ok and "flash-linear-attention" in why and "causal-conv1d" in why and "pip install" in why
+    assert ok and "conv torch reference once per document, recurrence torch reference once per document" in why
     tf = TargetFeatures(m, [1, 2])
-    assert tf.packing == "padded" and tf.packing_reason == why
-    with pytest.raises(ValueError, match="packing='packed' is not possible.*flash-linear-attention"):
-        TargetFeatures(m, [1, 2], packing="packed")
+    assert tf.packing == "packed" and tf.packing_reason == why
+    assert TargetFeatures(m, [1, 2], packing="packed").packing == "packed"
+    with monkeypatch.context() as mp:
+        mp.setattr(m, "_use_kernels", True, raising=False)
+        with pytest.raises(ValueError, match="packing='packed' is not possible.*hub kernels"):
+            TargetFeatures(m, [1, 2], packing="packed")
     with pytest.raises(ValueError, match="packing must be"):
         TargetFeatures(m, [1, 2], packing="both")
     assert TargetFeatures(models["qwen3"], [1], packing="padded").packing_reason == "packing='padded' was asked for"
@@ -303,24 +306,31 @@ def test_fast_paths_report_and_line(models):
     assert "rows packed" in fast_paths_line(r) and "linear attention" not in fast_paths_line(r)
     h = fast_paths(models["qwen3_5"])
     assert (h["linear_attention_layers"], h["linear_attention_kernel"], h["causal_conv1d"], h["packed"]) == \
-        (4, "torch reference", "torch reference", False)
-    assert "linear attention 4 layers: torch reference / conv torch reference; rows padded" in fast_paths_line(h)
+        (4, "torch reference", "torch reference", True)
+    assert "linear attention 4 layers: recurrence torch reference / conv torch reference; rows packed" in \
+        fast_paths_line(h)
 
 
 def test_fast_paths_warns_on_cuda_reference_path(models, monkeypatch):
     "Fault injection: the target claims to sit on CUDA; the hybrid on the torch reference warns with the install line."
     import warnings
     monkeypatch.setattr(target_mod, "_device_type", lambda model: "cuda")
-    with pytest.warns(UserWarning, match="WARNING.*torch reference.*pip install flash-linear-attention causal-conv1d"):
-        fast_paths(models["qwen3_5"])
+    with pytest.warns(UserWarning, match=r"WARNING.*torch reference.*pip install 'dflash_nb\[gpu\]'.*wheels only"):
+        r = fast_paths(models["qwen3_5"])
+    assert r["packed"] and "torch reference once per document" in r["packed_reason"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fast_paths(models["qwen3"])                       # a dense target on CUDA has nothing to warn about
         bound = lambda mod, name: {"causal_conv1d_fn": "causal_conv1d"}.get(name, "fla")
         monkeypatch.setattr(target_mod, "_bound_kernel", bound)
-        r = fast_paths(models["qwen3_5"])                 # kernels bound: no warning, and the hybrid runs packed
-    assert (r["linear_attention_kernel"], r["causal_conv1d"], r["packed"]) == ("fla", "causal_conv1d", True)
-    assert "cu_seqlens" in r["packed_reason"]
+        r = fast_paths(models["qwen3_5"])                 # both kernels bound: no warning, packed
+        assert (r["linear_attention_kernel"], r["causal_conv1d"], r["packed"]) == ("fla", "causal_conv1d", True)
+        assert "conv causal-conv1d (seq_idx), recurrence fla varlen (cu_seqlens)" in r["packed_reason"]
+        monkeypatch.setattr(target_mod, "_bound_kernel", lambda mod, name: "fla" if "delta" in name else None)
+        monkeypatch.setattr(target_mod, "_fla_installed", lambda: True)
+        r = fast_paths(models["qwen3_5"])                 # fla alone (no causal-conv1d): fla's own conv, packed
+    assert (r["linear_attention_kernel"], r["causal_conv1d"], r["packed"]) == ("fla", "fla", True)
+    assert "conv fla varlen (cu_seqlens), recurrence fla varlen (cu_seqlens)" in r["packed_reason"]
 
 
 def test_fast_paths_reads_what_transformers_bound(models):
@@ -380,10 +390,8 @@ def test_load_target_without_accelerate_warns_and_still_loads(tmp_path, models, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
 def test_cuda_packed_equals_per_document(arch):
-    "On CUDA with flash-linear-attention + causal-conv1d the hybrid runs packed too; features match per-document runs."
+    "On CUDA (fla's kernels where installed, else the torch path) packed features match per-document runs."
     m = tiny_target(arch, dtype=torch.bfloat16).cuda()
-    if arch == "qwen3_5" and not packed_support(m)[0]:
-        pytest.skip(packed_support(m)[1])
     _, ids, doc_ids = packed_row([40, 7, 130, 1], pad=3, seed=13)
     tf = TargetFeatures(m, [1, 2, 4], packing="packed")
     f = tf(ids.cuda(), doc_ids.cuda())
