@@ -20,7 +20,7 @@ setup(
     include_package_data=True,
     install_requires=cfg.get("requirements", "").split(),
     extras_require={"dev": cfg.get("dev_requirements", "").split(),
-                    "gpu": cfg.get("gpu_requirements", "").split(),     # fla + causal-conv1d: the hybrid's kernels
+                    "gpu": cfg.get("gpu_requirements", "").split(),  # fla wheels; causal-conv1d optional
                     "gguf": cfg.get("gguf_requirements", "").split()},  # reading GGUF files (SmolLM2 as a target)
     entry_points={"console_scripts": cfg.get("console_scripts", "").split(),   # dflash-data, dflash-train, ...
                   "nbdev": [f"{cfg['lib_name']}={cfg['lib_name']}._modidx:d"]},
