@@ -412,6 +412,9 @@ def _step_run_id(d: Path) -> Optional[str]:
     return rid if isinstance(rid, str) and _RUN_ID.fullmatch(rid) else None
 
 # %% ../nbs/08_checkpoint.ipynb #d9766f23
+_CHECKPOINT_FILES = ("drafter.safetensors", "optimizer.pt", "scheduler.pt", "rng.safetensors", "rng.pt", "state.json",
+                     "config.yaml")
+
 def check_own_steps(root, mine: Optional[str]):   # root: the checkpoints dir; mine: its run dir's id
     "CheckpointError naming both ids when a step dir of `root`, or the one resume=auto picks, is not run `mine`'s."
     def refuse(d, theirs):
@@ -423,6 +426,8 @@ def check_own_steps(root, mine: Optional[str]):   # root: the checkpoints dir; m
     try: picked = auto_resume_dir(root)
     except (FileNotFoundError, CheckpointError): return       # nothing to resume: the trainer says so itself
     if picked is not None and mine and _step_run_id(picked) != mine: refuse(picked, _step_run_id(picked))
+    for name in _CHECKPOINT_FILES if picked is not None else ():   # refused before anything is written
+        if os.path.lexists(picked / name): checked_path(picked / name, within=picked)
 
 # %% ../nbs/08_checkpoint.ipynb #a6b0dbaf
 def checkpoint_run_id(src: str, endpoint_url=None) -> Optional[str]:   # src: a checkpoint, run dir or s3:// prefix
