@@ -113,7 +113,7 @@ def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
 
 # %% ../nbs/01d_prompts.ipynb #1136ca4f
 def _jsonl_records(p: Path, max_bytes: int):
-    "(where, record) of a JSONL file, read line by line: a line is never read past `max_bytes`, nor the file past the cap."
+    "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past the cap."
     from dflash_nb.records import RecordError
     from dflash_nb.inputs import parse_line
     with open(p, "rb") as f:

@@ -605,7 +605,7 @@ def _check_entries(m: dict, where):
 
 # %% ../nbs/01c_shards.ipynb #3e4afbb5
 def load_manifest(out_dir) -> dict:
-    "The manifest of a finished tokenization run in `out_dir`: a regular file there, read bounded, checked field by field."
+    "The manifest of a finished tokenization run in `out_dir`: a regular file, read bounded, checked field by field."
     p = Path(out_dir) / "manifest.json"
     if not os.path.lexists(p):
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
@@ -649,7 +649,8 @@ class ShardDataset:
         for i, s in enumerate(self.manifest["shards"]):   # the tables keep their memory maps open while they live
             p = Path(out_dir) / s["file"]
             where = f"{Path(out_dir) / 'manifest.json'}: shards[{i}].file"
-            try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(inside_dir(out_dir, s["file"], where)))).read_all())
+            try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(inside_dir(out_dir, s["file"], where))))
+                                    .read_all())
             except (OSError, pa.ArrowException) as err:
                 raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python "
                                        "-m dflash_nb.data to rebuild it") from None

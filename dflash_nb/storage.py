@@ -60,7 +60,8 @@ def atomic_writer(path, mode: str = "wb", marker: Optional[str] = None):   # mar
     path = Path(path)
     tmp = _fresh(temp_sibling(path, marker=marker), marker is not None)
     try:
-        with open(tmp, mode if marker else mode.replace("w", "x"), **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+        how = mode if marker else mode.replace("w", "x")        # unmarked: created here, never an existing file
+        with open(tmp, how, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -80,7 +81,7 @@ def atomic_write_bytes(path, data: bytes, marker: Optional[str] = None):
 
 # %% ../nbs/00b_storage.ipynb #e67c23e3
 @contextlib.contextmanager
-def atomic_dir(path, marker: Optional[str] = None):   # path: the directory to write, replacing any; marker: `temp_sibling`
+def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, replacing any; marker: `temp_sibling`
     "Yield a temp sibling dir to fill; on a clean exit fsync it and swap it in for `path`; on an exception remove it."
     path = Path(path)
     tmp, old = (_fresh(temp_sibling(path, t, marker), marker is not None) for t in ("tmp", "old"))

@@ -42,9 +42,11 @@ def snap(d: Path) -> dict:
 
 
 def one_line(capsys, prog: str) -> str:
+    "The error of a refused command: one line, its last on stderr (progress lines of its stages may come before)."
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"{prog}: error: "), err
-    return err[0].removeprefix(f"{prog}: error: ")
+    errors = [e for e in err if ": error: " in e]
+    assert len(errors) == 1 and err[-1] == errors[0] and errors[0].startswith(f"{prog}: error: "), err
+    return errors[0].removeprefix(f"{prog}: error: ")
 
 
 def plant(path: Path, kind: str, outside: Path):
@@ -303,3 +305,45 @@ def test_evaluate_refuses_a_hostile_prompt_file_before_loading_anything(tmp_path
     with deadline(): assert run_cli(ev.main, argv, prog="dflash_nb.evaluate", expected=(ValueError,)) == 2
     line = one_line(capsys, "python -m dflash_nb.evaluate")
     assert ("the records read reach 256 MiB" if kind == "bomb" else WORDS[kind]) in line, line
+
+
+# ---- config.json: the drafter (export) dir and the target dir --------------------------------------------------------
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    "An exported one-layer drafter of the built-in tiny target, that target saved as a local HF dir, a prompt file."
+    from dflash_nb.export import export_drafter
+    from dflash_nb.model import DrafterConfig, DFlashDrafter
+    from dflash_nb.target import tiny_target
+    root = tmp_path_factory.mktemp("dirs")
+    target = tiny_target()
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=1, block_size=4, target_layer_ids=[0, 2],
+                                    mask_token_id=151669)
+    export_drafter(DFlashDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()), cfg,
+                   root / "drafter")
+    target.save_pretrained(root / "target")
+    (root / "p.jsonl").write_text('{"prompt": "hi"}\n')
+    return root
+
+
+@pytest.mark.parametrize("which,kind", [("drafter", "fifo"), ("drafter", "zero"), ("target", "fifo"),
+                                        ("target", "zero")])
+def test_evaluate_refuses_a_special_config_json(tmp_path, dirs, capsys, which, kind):
+    d = {w: _copy(dirs / w, tmp_path / w) for w in ("drafter", "target")}
+    plant(d[which] / "config.json", kind, tmp_path)
+    argv = ["--drafter", str(d["drafter"]), "--target", str(d["target"]), "--prompts", str(dirs / "p.jsonl"),
+            "--max-new-tokens", "2"]
+    with deadline(): assert run_cli(ev.main, argv, prog="dflash_nb.evaluate", expected=(ValueError,)) == 2
+    line = one_line(capsys, "python -m dflash_nb.evaluate")
+    assert "config.json" in line and ("is not a file" in line or WORDS[kind] in line), line
+
+
+def test_export_into_a_dir_with_a_fifo_config_json_is_refused(tmp_path, runs, dirs, capsys):
+    from dflash_nb import export as ex
+    out = tmp_path / "out"
+    out.mkdir()
+    plant(out / "config.json", "fifo", tmp_path)
+    before = snap(out)
+    ck = runs / "a" / "checkpoints" / "step-00000002"
+    with deadline(): assert run_cli(ex.main, ["--checkpoint", str(ck), "--out", str(out)], "dflash_nb.export") == 2
+    assert "config.json" in one_line(capsys, "python -m dflash_nb.export")
+    assert snap(out) == before
