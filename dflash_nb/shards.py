@@ -155,9 +155,10 @@ def shard_stats(path) -> Optional[dict]:
     try:
         with pa.memory_map(str(path)) as src:
             meta = pa.ipc.open_file(src).schema.metadata or {}
-        return json.loads(meta[b"dflash_nb.shard"])
-    except (OSError, KeyError, ValueError, pa.ArrowException):
+        st = json.loads(meta[b"dflash_nb.shard"])
+    except (OSError, KeyError, ValueError, RecursionError, pa.ArrowException):
         return None
+    return st if isinstance(st, dict) else None
 
 # %% ../nbs/01c_shards.ipynb #ef45ffa7
 _PCTS = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 100)
@@ -413,7 +414,8 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
         try: m = read_json(out_dir / name)
         except (OSError, ValueError): continue
         if isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/"):
-            listed |= {s.get("file") for s in m.get("shards", []) if isinstance(s, dict)}
+            shards = m.get("shards") if isinstance(m.get("shards"), list) else []
+            listed |= {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
     for p in sorted(out_dir.iterdir()):
         if not _OWN.match(p.name) or p.name.startswith("."): continue
         if p.name.endswith(".json"):
@@ -424,7 +426,7 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
             if not (isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/")):
                 unknown.append(p)
                 continue
-            ids.add(m.get("dataset_id") or "an older format")
+            ids.add(str(m.get("dataset_id") or "an older format"))
         else:
             st = shard_stats(p)
             if st is None and p.name in listed:   # ours, damaged: rebuilt by a resume, deleted by a replace
@@ -433,7 +435,7 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
             if st is None:
                 unknown.append(p)
                 continue
-            ids.add(st.get("dataset") or "an older format")
+            ids.add(str(st.get("dataset") or "an older format"))
         ours.append(p)
     others = ids - {ds}
     if unknown:   # never deleted nor overwritten, whatever its name: it may be someone's

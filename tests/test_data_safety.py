@@ -347,3 +347,38 @@ def test_export_into_a_dir_with_a_fifo_config_json_is_refused(tmp_path, runs, di
     with deadline(): assert run_cli(ex.main, ["--checkpoint", str(ck), "--out", str(out)], "dflash_nb.export") == 2
     assert "config.json" in one_line(capsys, "python -m dflash_nb.export")
     assert snap(out) == before
+
+
+@pytest.mark.parametrize("text,words", [
+    ('{"format": "dflash_nb.data/2", "dataset_id": [1], "shards": [{"file": [1]}, "x"]}', "holds another data set"),
+    ('{"format": "dflash_nb.data/2", "shards": "shard-00000.arrow"}', "holds another data set (an older format"),
+    ("[" * 100_000 + "]" * 100_000, "manifest.json was not written by python -m dflash_nb.data"),
+    ("[1]", "manifest.json was not written by python -m dflash_nb.data"),
+])
+def test_data_out_with_a_hostile_manifest_is_refused_untouched(tmp_path, data, tok, monkeypatch, text, words):
+    "The data command judges --out by its manifest: wrong types and deep JSON there are a refusal, not a traceback."
+    from dflash_nb import shards
+    from dflash_nb.records import DataConfig
+    tok, parts = tok
+    monkeypatch.setattr(shards, "tokenizer_parts", lambda t: parts)
+    out = _copy(data, tmp_path / "D")
+    (out / "manifest.json").write_text(text)
+    before = snap(out)
+    with pytest.raises(ExpectedError, match=words.replace("(", r"\(").replace(".", r"\.")):
+        shards.tokenize_dataset([str(data.parent / "data.jsonl")], tok, out,
+                                DataConfig(workers=1, max_seq_len=160, min_loss_tokens=8), verbose=False)
+    assert snap(out) == before
+
+
+def test_writers_never_overwrite_a_file_at_their_unmarked_temp_name(tmp_path):
+    "Someone's files at exactly the temp names this process would use (its own pid): every writer leaves them be."
+    from dflash_nb.storage import atomic_dir, atomic_write_text, temp_sibling
+    theirs = {temp_sibling(tmp_path / "config.yaml"): "a", temp_sibling(tmp_path / "export"): "b",
+              temp_sibling(tmp_path / "export", "old"): "c"}
+    for p, text in theirs.items(): p.write_text(text)
+    atomic_write_text(tmp_path / "config.yaml", "x: 1\n")
+    for _ in range(2):   # the second write swaps the first one out through the `old` name
+        with atomic_dir(tmp_path / "export") as d: (d / "config.json").write_text("{}")
+    assert all(p.read_text() == text for p, text in theirs.items())
+    assert (tmp_path / "config.yaml").read_text() == "x: 1\n" and (tmp_path / "export" / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.yaml", "export", *(p.name for p in theirs)])
