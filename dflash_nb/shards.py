@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 import dataclasses
-from .config import ExpectedError, to_dict, validate_config
+from .config import ConfigError, ExpectedError, to_dict, validate_config
 from .storage import (atomic_writer, atomic_write_text, checked_path, inside_dir, own_temps, plain_name,
                                read_json)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
@@ -613,7 +613,11 @@ def load_manifest(out_dir) -> dict:
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
         raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python "
                                 "-m dflash_nb.data")
-    return check_manifest(read_json(p, within=out_dir), p)
+    try: m = read_json(p, within=out_dir)
+    except ConfigError as err:                         # syntax, size, depth: the manifest is damaged
+        raise CorruptFileError(f"{p}: not a readable manifest ({str(err).removeprefix(f'{p}: ')}); rerun python -m "
+                               "dflash_nb.data") from None
+    return check_manifest(m, p)
 
 # %% ../nbs/01c_shards.ipynb #a5ee8f5e
 class DataMismatchError(ExpectedError, ValueError):
