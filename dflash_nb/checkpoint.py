@@ -11,14 +11,16 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from .config import opt, save_config, to_dict
-from .storage import atomic_dir, atomic_write_text, s3_client, split_s3
+from .storage import (UnsafePathError, atomic_dir, atomic_write_text, checked_path, own_temps,
+                               read_json, s3_client, split_s3)
 
 # %% auto #0
 __all__ = ['RUN_FILE', 'CheckpointConfig', 'FaultConfig', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside',
            'read_latest', 'step_dirs', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs', 'prune_checkpoints',
            'clean_killed_saves', 'save_checkpoint', 'newest_complete', 'resolve_checkpoint', 'load_checkpoint',
            'RunLock', 'check_on_rank0', 'checkpoints_held', 'new_run_id', 'read_run_id', 'read_remote_latest',
-           'checkpoint_run_id', 'check_run_dir', 'preflight_run_dir', 'resume_changes']
+           'auto_resume_dir', 'check_own_steps', 'checkpoint_run_id', 'check_run_dir', 'preflight_run_dir',
+           'resume_changes']
 
 # %% ../nbs/08_checkpoint.ipynb #67bcf9b6
 @dataclass
@@ -78,10 +80,11 @@ def inside(base, name: str, where: str = "") -> Path:   # where: what the name c
 
 # %% ../nbs/08_checkpoint.ipynb #fc4223ec
 def read_latest(root) -> Optional[str]:
-    "The checkpoint name in `root/latest` (validated), or None when there is no `latest`."
+    "The checkpoint name in `root/latest` (a regular file there, validated), or None when there is no `latest`."
     f = Path(root) / "latest"
-    if not f.exists(): return None
-    return checkpoint_name(f.read_text(errors="replace").strip(), str(f))
+    if not os.path.lexists(f): return None
+    with open(checked_path(f, within=root), "rb") as h: text = h.read(64)   # a name is 17 bytes; more is not one
+    return checkpoint_name(text.decode(errors="replace").strip(), str(f))
 
 def step_dirs(root) -> list[Path]:
     "The `step-<digits>` directories of `root` (not links), oldest step first; [] when `root` does not exist."
@@ -166,18 +169,13 @@ def prune_checkpoints(root, keep: int, protect=()) -> list:   # protect: names t
     return gone
 
 # %% ../nbs/08_checkpoint.ipynb #56f208ee
-_KILLED_SAVE = re.compile(r"\.step-\d{1,12}\.(tmp|old)-\d+|\.latest\.tmp-\d+"   # atomic_dir, atomic_write_text
-                          r"|\.(tmp|old)-step-\d{1,12}-\d+")                     # the names of earlier versions
-
-def clean_killed_saves(root) -> list:
-    "Remove what killed saves or downloads left in `root` (only the names they write); returns those names."
+def clean_killed_saves(root, run_id: Optional[str] = None) -> list:   # run_id: the run that owns `root`
+    "Remove what killed saves of run `run_id` left in `root` (names carrying its id); returns those names."
     root, gone = Path(root), []
-    if not root.is_dir(): return gone
-    for p in sorted(root.iterdir()):
-        if not _KILLED_SAVE.fullmatch(p.name) or p.is_symlink(): continue
-        old = ".old-" in p.name
-        name = p.name[5:].rsplit("-", 1)[0] if p.name.startswith((".tmp-", ".old-")) else p.name[1:].rsplit(".", 1)[0]
-        if old and not (root / name).exists():   # a swap cut between its renames: the old step is put back
+    if not run_id or not root.is_dir(): return gone
+    for p, name, tag in own_temps(root, run_id):
+        if not (_STEP_NAME.fullmatch(name) or (name == "latest" and tag == "tmp")): continue
+        if tag == "old" and not (root / name).exists():   # a swap cut between its renames: the old step is put back
             os.rename(p, root / name)
             continue
         if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
@@ -208,8 +206,9 @@ def save_checkpoint(
     if cur is not None and step_of(cur) > step:
         raise CheckpointError(f"{root / 'latest'} names {cur}, later than step {step}: refusing to move `latest` back "
                               f"(resume from {root / cur}, or train into another run_dir)")
-    clean_killed_saves(root)
-    with atomic_dir(final) as tmp:
+    rid = state.get("run_id")                # marks the temp names: a later start of this run sweeps them
+    clean_killed_saves(root, rid)
+    with atomic_dir(final, marker=rid) as tmp:
         tensors = {k: v.detach().to("cpu").contiguous() for k, v in weights.items()}
         save_file(tensors, str(tmp / "drafter.safetensors"), metadata={"step": str(step)})
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
@@ -219,7 +218,7 @@ def save_checkpoint(
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         if config is not None: save_config(config, tmp / "config.yaml")
         for name, text in (extra or {}).items(): (tmp / name).write_text(text)
-    atomic_write_text(root / "latest", final.name + "\n")
+    atomic_write_text(root / "latest", final.name + "\n", marker=rid)
     prune_checkpoints(root, keep, protect)
     return final
 
@@ -250,7 +249,8 @@ def resolve_checkpoint(path) -> Path:   # a checkpoint dir, a checkpoints or run
 # %% ../nbs/08_checkpoint.ipynb #7c1780fd
 def _read(path: Path, how):
     "Read one checkpoint file as data; anything else (a pickle with code, a torn file) is a CheckpointError naming it."
-    try: return how(path)
+    try: return how(checked_path(path, within=path.parent))   # a FIFO or device is refused before it is opened
+    except UnsafePathError: raise
     except FileNotFoundError:
         raise CheckpointError(f"{path} is missing: the checkpoint {path.parent} is incomplete; "
                               "resume from another one") from None
@@ -261,7 +261,7 @@ def _read(path: Path, how):
 
 def _read_state(f: Path) -> dict:
     "state.json, which must hold an integer `step`."
-    s = json.loads(f.read_text())
+    s = read_json(f)
     if not isinstance(s, dict) or not isinstance(s.get("step"), int): raise ValueError("no integer `step`")
     return s
 
@@ -357,7 +357,7 @@ def checkpoints_held(root) -> Optional[str]:
     root = Path(root)
     if not root.is_dir(): return None
     steps = sorted(p.name for p in root.iterdir() if _STEP_NAME.fullmatch(p.name))
-    if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
+    if os.path.lexists(root / "latest"): return f"latest: {read_latest(root)}"
     return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
 
 # %% ../nbs/08_checkpoint.ipynb #c50cced3
@@ -371,8 +371,9 @@ def new_run_id() -> str:
 def read_run_id(run_dir) -> Optional[str]:
     "The run id in `run_dir/run.json`; None when there is none (a new dir, or one from before run ids)."
     f = Path(run_dir) / RUN_FILE
-    if not f.exists(): return None
-    try: rid = json.loads(f.read_text()).get("run_id")
+    if not os.path.lexists(f): return None
+    checked_path(f, within=run_dir)                      # a FIFO, a device, a link out: refused, never opened
+    try: rid = read_json(f).get("run_id")
     except (OSError, ValueError, AttributeError): rid = None
     if not isinstance(rid, str) or not _RUN_ID.fullmatch(rid):
         raise CheckpointError(f"{f} is not a run file of dflash_nb.train (no run_id): move it away or pick another "
@@ -393,11 +394,46 @@ def read_remote_latest(
         raise
     return checkpoint_name(text, f"s3://{bucket}/{key}")
 
+# %% ../nbs/08_checkpoint.ipynb #e8457fa5
+def auto_resume_dir(root) -> Optional[Path]:   # root: a run's checkpoints dir
+    "The checkpoint `train.resume=auto` continues from: the one `latest` names, else the newest complete step; or None."
+    if os.path.lexists(Path(root) / "latest"): return resolve_checkpoint(root)
+    return newest_complete(root) if step_dirs(root) else None
+
+def _step_run_id(d: Path) -> Optional[str]:
+    "The run id in step dir `d`'s state.json; None when it has none (or none that can be read: not a checkpoint)."
+    f = d / "state.json"
+    if not os.path.lexists(f): return None
+    try: st = read_json(checked_path(f, within=d))
+    except (OSError, ValueError) as e:
+        if isinstance(e, UnsafePathError): raise
+        return None
+    rid = st.get("run_id") if isinstance(st, dict) else None
+    return rid if isinstance(rid, str) and _RUN_ID.fullmatch(rid) else None
+
+# %% ../nbs/08_checkpoint.ipynb #d9766f23
+_CHECKPOINT_FILES = ("drafter.safetensors", "optimizer.pt", "scheduler.pt", "rng.safetensors", "rng.pt", "state.json",
+                     "config.yaml")
+
+def check_own_steps(root, mine: Optional[str]):   # root: the checkpoints dir; mine: its run dir's id
+    "CheckpointError naming both ids when a step dir of `root`, or the one resume=auto picks, is not run `mine`'s."
+    def refuse(d, theirs):
+        raise CheckpointError(f"{d} is a checkpoint of run {theirs or '(none recorded)'}, but {Path(root).parent} "
+                              f"holds run {mine}: train.resume=auto would continue another run here; move {d.name} "
+                              f"out of {root}, or resume it into a fresh train.run_dir")
+    for d in step_dirs(root):
+        if (theirs := _step_run_id(d)) not in (None, mine): refuse(d, theirs)
+    try: picked = auto_resume_dir(root)
+    except (FileNotFoundError, CheckpointError): return       # nothing to resume: the trainer says so itself
+    if picked is not None and mine and _step_run_id(picked) != mine: refuse(picked, _step_run_id(picked))
+    for name in _CHECKPOINT_FILES if picked is not None else ():   # refused before anything is written
+        if os.path.lexists(picked / name): checked_path(picked / name, within=picked)
+
 # %% ../nbs/08_checkpoint.ipynb #a6b0dbaf
 def checkpoint_run_id(src: str, endpoint_url=None) -> Optional[str]:   # src: a checkpoint, run dir or s3:// prefix
     "The run id in the `state.json` of checkpoint `src` (local or s3://); None if it has none or cannot be read here."
     try:
-        if not str(src).startswith("s3://"): st = json.loads((resolve_checkpoint(src) / "state.json").read_text())
+        if not str(src).startswith("s3://"): st = read_json(resolve_checkpoint(src) / "state.json")
         else:
             bucket, key = split_s3(src)
             key, c = key.strip("/"), s3_client(endpoint_url)
@@ -422,12 +458,13 @@ def check_run_dir(cfg) -> tuple[Optional[str], Optional[str]]:   # cfg: the trai
                               f"one)")
     mine = read_run_id(run_dir)
     if mine is None and held: mine = checkpoint_run_id(str(ckpt_root))     # a run dir from before run ids
+    if cfg.resume == "auto" and held: check_own_steps(ckpt_root, mine)
     named = cfg.resume and cfg.resume != "auto"
     theirs = checkpoint_run_id(cfg.resume, cfg.checkpoint.s3_endpoint_url) if named else None
-    if mine and theirs and mine != theirs:
+    if mine and named and theirs != mine:
         raise CheckpointError(f"{run_dir} holds run {mine}, but train.resume={cfg.resume} is a checkpoint of run "
-                              f"{theirs}: resuming it here would mix two runs; resume it into a fresh train.run_dir "
-                              f"(one that does not exist yet)")
+                              f"{theirs or '(none recorded)'}: resuming it here would mix two runs; resume it into a "
+                              f"fresh train.run_dir (one that does not exist yet)")
     return mine, theirs
 
 def preflight_run_dir(cfg):

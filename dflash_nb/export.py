@@ -8,7 +8,7 @@ import argparse, contextlib, dataclasses, json, os, sys
 from pathlib import Path
 import torch
 from torch import nn
-from .storage import atomic_dir
+from .storage import atomic_dir, read_json
 from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
 
 
@@ -71,7 +71,7 @@ _EXPORT_MARK = ".dflash_nb_export.json"   # the files an export wrote: what a la
 
 def _export_files(out: Path):
     "The files a previous drafter export in `out` wrote, or None when `out` is not one."
-    try: d = json.loads((out / "config.json").read_text())
+    try: d = read_json(out / "config.json", within=False)   # a FIFO there is refused unopened (ValueError)
     except (OSError, ValueError): return None
     ours = isinstance(d, dict) and SERVING_ARCH in (d.get("architectures") or []) and "dflash_nb_drafter_config" in d
     if not ours or not (out / "model.safetensors").is_file(): return None

@@ -92,7 +92,7 @@ def _list_local(spec: str) -> list[InputFile]:
         paths = [x for x in _walk_files(base) if rx.match(x.relative_to(base).as_posix())]
     elif p.is_dir(): base, paths = p, [x for x in _walk_files(p) if _is_data_name(x.name)]
     elif p.is_file(): base, paths = p.parent, [p]
-    else: raise InputError(f"input {spec} does not exist")
+    else: raise InputError(f"input {spec} " + ("is not a regular file" if p.exists() else "does not exist"))
     out, real = [], set()
     for x in sorted(paths, key=lambda x: x.relative_to(base).as_posix()):
         r = os.path.realpath(x)

@@ -4,15 +4,16 @@
 
 # %% ../nbs/01d_prompts.ipynb #7dbb4ad4
 from __future__ import annotations
-import inspect, json
+import inspect, json, os
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 
 # %% auto #0
 __all__ = ['PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMPT_RECORD_BYTES', 'MAX_PROMPT_JSON_DEPTH',
-           'MAX_JSON_ARRAY_BYTES', 'PromptFileError', 'detect_prompt_format', 'prompt_records', 'MultiTurn',
-           'PromptFile', 'read_prompt_file', 'read_prompt_specs', 'render_prompts']
+           'MAX_JSON_ARRAY_BYTES', 'MAX_PROMPT_FILE_BYTES', 'MAX_PARQUET_GROUP_VALUES', 'PromptFileError',
+           'detect_prompt_format', 'prompt_records', 'MultiTurn', 'PromptFile', 'read_prompt_file', 'read_prompt_specs',
+           'render_prompts']
 
 # %% ../nbs/01d_prompts.ipynb #b7080ae1
 class PromptFileError(ValueError):
@@ -98,6 +99,7 @@ def detect_prompt_format(rec) -> str:
 MAX_PROMPT_RECORD_BYTES = 1 << 20  # a record (JSONL line, Parquet row) above this is refused before it is parsed
 MAX_PROMPT_JSON_DEPTH = 32         # a benchmark record nests 4 levels at most: deeper input is refused
 MAX_JSON_ARRAY_BYTES = 64 << 20    # a JSON array file is parsed whole, so it is refused above this size
+MAX_PROMPT_FILE_BYTES = 256 << 20  # records read from one file (JSONL bytes, Parquet rows decoded): a benchmark is MBs
 
 def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
     "Raise RecordError when `obj` nests lists/objects deeper than `limit` (iterative: no recursion on hostile input)."
@@ -111,33 +113,87 @@ def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
 
 # %% ../nbs/01d_prompts.ipynb #1136ca4f
 def _jsonl_records(p: Path, max_bytes: int):
-    "(where, record) of a JSONL file, read line by line: a line is never read past `max_bytes`."
+    "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past the cap."
     from dflash_nb.records import RecordError
     from dflash_nb.inputs import parse_line
     with open(p, "rb") as f:
-        n = 0
+        n = total = 0
         while line := f.readline(max_bytes + 1):
-            n += 1
+            n, total = n + 1, total + len(line)
             if len(line) > max_bytes and not line.endswith(b"\n"):
                 raise PromptFileError(f"{p}:{n}: record larger than {max_bytes} bytes (--max-record-bytes)")
+            if total > MAX_PROMPT_FILE_BYTES: raise _too_much(p, f"line {n}")
             if not line.strip(): continue
             try: yield f"{p}:{n}", parse_line(line)
             except RecordError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e})") from None
 
-def _parquet_records(p: Path, max_bytes: int):
-    "(where, record) of a Parquet file, a batch of rows at a time; rows counted from 1."
+def _too_much(p: Path, where: str) -> Exception:
+    return PromptFileError(f"{p}: {where}: the records read reach {MAX_PROMPT_FILE_BYTES >> 20} MiB, more than a "
+                           "prompt file holds; pass --max-prompts to read only the first ones")
+
+# %% ../nbs/01d_prompts.ipynb #62ad3b2d
+MAX_PARQUET_GROUP_VALUES = 1 << 24   # leaf values in one row group: reading it allocates for every one
+
+def _decoded_bytes(arr) -> int:
+    "Bytes column `arr` holds once decoded (dictionaries expanded, lists and structs walked): counted, not expanded."
+    import numpy as np, pyarrow as pa, pyarrow.compute as pc
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        d = arr.dictionary
+        sizes = (pc.binary_length(d).fill_null(0).to_numpy(zero_copy_only=False) if _is_bytes(d.type)
+                 else np.full(len(d), 8))
+        idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        return int(sizes[idx].sum()) if len(idx) and len(sizes) else 0
+    if pa.types.is_struct(t): return sum(_decoded_bytes(f) for f in arr.flatten())
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_map(t):
+        return 8 * len(arr) + _decoded_bytes(arr.flatten())
+    if _is_bytes(t): return int(pc.sum(pc.binary_length(arr)).as_py() or 0)
+    return 8 * len(arr)
+
+def _is_bytes(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+# %% ../nbs/01d_prompts.ipynb #8412b68f
+def _parquet_file(p: Path):
+    "The Parquet file at `p` with its text columns read as dictionaries (as stored; nothing expanded)."
     import pyarrow.parquet as pq
-    try: pf = pq.ParquetFile(p)
+    try:
+        s = pq.ParquetFile(p).schema
+        text = [s.column(i).path for i in range(len(s)) if s.column(i).physical_type == "BYTE_ARRAY"]
+        return pq.ParquetFile(p, read_dictionary=text)
     except Exception as e:   # pyarrow raises several types for a damaged file: all are "not readable" here
         raise PromptFileError(f"{p}: not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
-    n = 0
-    for batch in pf.iter_batches(batch_size=64):
-        for rec in batch.to_pylist():
-            n += 1
-            if len(json.dumps(rec, default=str)) > max_bytes:
-                raise PromptFileError(f"{p}: row {n}: record larger than {max_bytes} bytes (--max-record-bytes)")
-            yield f"{p}: row {n}", rec
 
+def _check_group(p: Path, pf, g: int, room: int):
+    "Refuse row group `g` when its footer says it holds more leaf values, or more bytes to decompress, than allowed."
+    md = pf.metadata.row_group(g)
+    cols = [md.column(j) for j in range(md.num_columns)]
+    values, raw = sum(c.num_values for c in cols), sum(c.total_uncompressed_size for c in cols)
+    if values > MAX_PARQUET_GROUP_VALUES or raw > room:
+        raise PromptFileError(f"{p}: row group {g} holds {values:,} values in {raw:,} bytes, more than a prompt file "
+                              f"holds (at most {MAX_PARQUET_GROUP_VALUES:,} values, {room:,} bytes left of the "
+                              f"{MAX_PROMPT_FILE_BYTES >> 20} MiB cap); rewrite it with smaller row groups")
+
+# %% ../nbs/01d_prompts.ipynb #03dfb7bb
+def _parquet_records(p: Path, max_bytes: int):
+    "(where, record) of a Parquet file, by row group and batches of rows, each counted before it is expanded."
+    pf, n, total = _parquet_file(p), 0, 0
+    for g in range(pf.num_row_groups):
+        _check_group(p, pf, g, MAX_PROMPT_FILE_BYTES - total)
+        try: batches = pf.read_row_group(g).to_batches(max_chunksize=64)
+        except Exception as e:
+            raise PromptFileError(f"{p}: row group {g} cannot be read ({' '.join(str(e).split())[:160]})") from None
+        for batch in batches:
+            total += sum(_decoded_bytes(c) for c in batch.columns)
+            if total > MAX_PROMPT_FILE_BYTES: raise _too_much(p, f"row {n + 1}")
+            for rec in batch.to_pylist():
+                n += 1
+                if len(json.dumps(rec, default=str)) > max_bytes:
+                    raise PromptFileError(f"{p}: row {n}: record larger than {max_bytes} bytes (--max-record-bytes)")
+                yield f"{p}: row {n}", rec
+
+# %% ../nbs/01d_prompts.ipynb #57e1a736
 def _json_array_records(p: Path, max_bytes: int):
     "(where, record) of a file holding one JSON array, parsed whole (refused above MAX_JSON_ARRAY_BYTES)."
     from dflash_nb.records import RecordError
@@ -155,8 +211,10 @@ def _json_array_records(p: Path, max_bytes: int):
 
 def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES):
     "(where, record) of a JSONL, Parquet or JSON-array file, told apart by their first bytes, never read whole first."
+    from dflash_nb.storage import checked_path
     p = Path(path)
-    if not p.is_file(): raise PromptFileError(f"{p}: no such prompt file")
+    if not os.path.lexists(p): raise PromptFileError(f"{p}: no such prompt file")
+    checked_path(p, within=False)                      # a FIFO or a device is refused before it is opened
     with open(p, "rb") as f: head = f.read(4096)
     if head.startswith(b"PAR1"): yield from _parquet_records(p, max_record_bytes)
     elif head.lstrip().startswith(b"["): yield from _json_array_records(p, max_record_bytes)

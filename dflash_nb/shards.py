@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 import dataclasses
-from .config import ExpectedError, to_dict, validate_config
-from .storage import atomic_writer, atomic_write_text
+from .config import ConfigError, ExpectedError, to_dict, validate_config
+from .storage import (atomic_writer, atomic_write_text, checked_path, inside_dir, own_temps, plain_name,
+                               read_json)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
@@ -24,8 +25,8 @@ from .inputs import (SHARD_FORMAT, InputFile, InputError, ShardTask, dataset_id,
 
 # %% auto #0
 __all__ = ['SCHEMA', 'shard_path', 'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError',
-           'CorruptFileError', 'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'load_manifest',
-           'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards']
+           'CorruptFileError', 'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'check_manifest',
+           'load_manifest', 'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards']
 
 # %% ../nbs/01c_shards.ipynb #0097b35b
 SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
@@ -143,7 +144,8 @@ def _read_range(task: ShardTask, cfg: DataConfig):
 def _write_shard_file(path: Path, batches: list, stats: dict):
     "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
     schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
-    with atomic_writer(path) as raw, pa.ipc.new_file(raw, schema) as w:  # the Arrow footer is written before the rename
+    marker = stats.get("dataset") or None                     # the data set's id marks the temp name as ours
+    with atomic_writer(path, marker=marker) as raw, pa.ipc.new_file(raw, schema) as w:  # footer before the rename
         for b in batches:
             w.write_batch(b)
 
@@ -153,9 +155,10 @@ def shard_stats(path) -> Optional[dict]:
     try:
         with pa.memory_map(str(path)) as src:
             meta = pa.ipc.open_file(src).schema.metadata or {}
-        return json.loads(meta[b"dflash_nb.shard"])
-    except (OSError, KeyError, ValueError, pa.ArrowException):
+        st = json.loads(meta[b"dflash_nb.shard"])
+    except (OSError, KeyError, ValueError, RecursionError, pa.ArrowException):
         return None
+    return st if isinstance(st, dict) else None
 
 # %% ../nbs/01c_shards.ipynb #ef45ffa7
 _PCTS = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 100)
@@ -340,7 +343,7 @@ def _stripped_message(a: dict) -> str:
             f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
 
 def _atomic_json(path: Path, obj):
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", marker=obj.get("dataset_id"))
 
 # %% ../nbs/01c_shards.ipynb #bc54484d
 def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1,
@@ -395,10 +398,8 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
     return stats, busy, cpu
 
 # %% ../nbs/01c_shards.ipynb #8984333d
-# the files this program writes, and their temp files (`.NAME.tmp-PID`, chapter Storage; `.NAME.tmpPID` before it)
-_OWN = re.compile(
-    r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json|\.(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\.tmp-?\d+)\Z"
-)
+# the names of the files this program writes (its temp files are known by the data set's id they carry, not by name)
+_OWN = re.compile(r"(shard-\d{5,}\.arrow|manifest\.json|audit\.json)\Z")
 
 def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     """Check, touching nothing, that `out_dir` may receive data set `ds`: it is missing or empty, holds this data set (a
@@ -406,23 +407,26 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
     set's, each proven ours by its content); a file of one of our names that this program did not write is refused."""
     if not out_dir.exists(): return []
     if not out_dir.is_dir(): raise OutDirError(f"--out {out_dir} is not a directory")
+    for p in sorted(out_dir.iterdir()):   # a FIFO, a device or a link out at one of our names: refused, never opened
+        if _OWN.match(p.name) and os.path.exists(p): checked_path(p, within=out_dir)
     ids, ours, unknown, listed = set(), [], [], set()
     for name in ("manifest.json", "audit.json"):   # the shards a manifest of ours lists are ours, even when damaged
-        try: m = json.loads((out_dir / name).read_text())
+        try: m = read_json(out_dir / name)
         except (OSError, ValueError): continue
         if isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/"):
-            listed |= {s.get("file") for s in m.get("shards", []) if isinstance(s, dict)}
+            shards = m.get("shards") if isinstance(m.get("shards"), list) else []
+            listed |= {s["file"] for s in shards if isinstance(s, dict) and isinstance(s.get("file"), str)}
     for p in sorted(out_dir.iterdir()):
         if not _OWN.match(p.name) or p.name.startswith("."): continue
         if p.name.endswith(".json"):
-            try: m = json.loads(p.read_text())
+            try: m = read_json(p)
             except (OSError, ValueError):
                 unknown.append(p)
                 continue
             if not (isinstance(m, dict) and str(m.get("format", "")).startswith("dflash_nb.data/")):
                 unknown.append(p)
                 continue
-            ids.add(m.get("dataset_id") or "an older format")
+            ids.add(str(m.get("dataset_id") or "an older format"))
         else:
             st = shard_stats(p)
             if st is None and p.name in listed:   # ours, damaged: rebuilt by a resume, deleted by a replace
@@ -431,7 +435,7 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
             if st is None:
                 unknown.append(p)
                 continue
-            ids.add(st.get("dataset") or "an older format")
+            ids.add(str(st.get("dataset") or "an older format"))
         ours.append(p)
     others = ids - {ds}
     if unknown:   # never deleted nor overwritten, whatever its name: it may be someone's
@@ -470,9 +474,8 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     for p in remove: p.unlink(missing_ok=True)                   # another data set of ours, replaced as asked
     (out_dir / "manifest.json").unlink(missing_ok=True)  # a directory without manifest is not a finished data set
-    for p in out_dir.glob(".*.tmp*"):  # leftovers of a killed run: only names this program writes
-        if _OWN.match(p.name):
-            p.unlink()
+    for p, _, _ in own_temps(out_dir, ds):   # a killed run's temp files: ours by the data set id in their name
+        if p.is_file(): p.unlink()
     stats = {t.index: s for t in tasks if (s := shard_stats(shard_path(out_dir, t.index))) and s["key"] == t.key}
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))
@@ -560,20 +563,61 @@ def _column(path: Path, name: str) -> np.ndarray:
     col = t.column(name)
     return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
 
+# %% ../nbs/01c_shards.ipynb #08162810
+_HEX16 = re.compile(r"[0-9a-f]{16}")
+
+def _whole(v) -> bool: return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+def _need(ok: bool, where, field: str, want: str, v):
+    "CorruptFileError naming the manifest, the field, what it must be and (the start of) what it is."
+    if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
+                                      "python -m dflash_nb.data to rebuild the data set")
+
+# %% ../nbs/01c_shards.ipynb #0e9501b5
+def check_manifest(m, where) -> dict:   # where: the manifest's path, for the messages
+    "`m` if every field training reads is there and of its type (`_check_entries`: shards, duplicates)."
+    _need(isinstance(m, dict), where, "the manifest", "a JSON object", type(m).__name__)
+    _need(str(m.get("format", "")).startswith("dflash_nb.data/"), where, "format", "dflash_nb.data/N", m.get("format"))
+    ds = m.get("dataset_id")
+    _need(isinstance(ds, str) and bool(_HEX16.fullmatch(ds)), where, "dataset_id", "16 hex digits", ds)
+    for k in ("template_fingerprint", "tokenizer_fingerprint"):
+        _need(isinstance(m.get(k), str), where, k, "a string", m.get(k))
+    for k in ("template_kwargs", "tokenizer_parts"): _need(isinstance(m.get(k), dict), where, k, "an object", m.get(k))
+    _check_entries(m, where)
+    return m
+
+# %% ../nbs/01c_shards.ipynb #179d5451
+def _check_entries(m: dict, where):
+    "Shards: a list of {file: plain name, once; samples, tokens, loss_tokens: whole}; duplicates: rows they have."
+    shards, rows = m.get("shards"), {}
+    _need(isinstance(shards, list), where, "shards", "a list", shards)
+    for i, s in enumerate(shards):
+        _need(isinstance(s, dict), where, f"shards[{i}]", "an object", s)
+        name = plain_name(s.get("file"), f"{where}: shards[{i}].file")
+        _need(name not in rows, where, f"shards[{i}].file", "a name no other shard has", name)
+        for k in ("samples", "tokens", "loss_tokens"):
+            _need(_whole(s.get(k)), where, f"shards[{i}].{k}", "a whole number", s.get(k))
+        rows[name] = s["samples"]
+    dup = m.get("duplicates", {})
+    _need(isinstance(dup, dict), where, "duplicates", "an object", dup)
+    for f, r in dup.items():
+        _need(f in rows, where, f"duplicates[{f!r}]", "a shard of the manifest", f)
+        ok = isinstance(r, list) and all(_whole(x) and x < rows[f] for x in r) and r == sorted(set(r))
+        _need(ok, where, f"duplicates[{f!r}]", f"increasing rows below its {rows[f]} samples", r)
+
 # %% ../nbs/01c_shards.ipynb #3e4afbb5
 def load_manifest(out_dir) -> dict:
-    "The manifest of a finished tokenization run in `out_dir`."
+    "The manifest of a finished tokenization run in `out_dir`: a regular file, read bounded, checked field by field."
     p = Path(out_dir) / "manifest.json"
-    if not p.is_file():
+    if not os.path.lexists(p):
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
         raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python "
                                 "-m dflash_nb.data")
-    try: m = json.loads(p.read_text())
-    except (ValueError, UnicodeDecodeError) as err: raise CorruptFileError(f"{p}: not a readable manifest ({err}); "
-                                                                           "rerun python -m dflash_nb.data") from None
-    if not isinstance(m, dict) or not isinstance(m.get("shards"),
-                                                 list): raise CorruptFileError(f"{p}: not a dflash_nb.data manifest")
-    return m
+    try: m = read_json(p, within=out_dir)
+    except ConfigError as err:                         # syntax, size, depth: the manifest is damaged
+        raise CorruptFileError(f"{p}: not a readable manifest ({str(err).removeprefix(f'{p}: ')}); rerun python -m "
+                               "dflash_nb.data") from None
+    return check_manifest(m, p)
 
 # %% ../nbs/01c_shards.ipynb #a5ee8f5e
 class DataMismatchError(ExpectedError, ValueError):
@@ -608,13 +652,15 @@ class ShardDataset:
     def __init__(self, out_dir):
         self.manifest = load_manifest(out_dir)
         self.tables = []
-        for s in self.manifest["shards"]:    # the tables keep their memory maps open for as long as they live
+        for i, s in enumerate(self.manifest["shards"]):   # the tables keep their memory maps open while they live
             p = Path(out_dir) / s["file"]
-            try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(p))).read_all())
+            where = f"{Path(out_dir) / 'manifest.json'}: shards[{i}].file"
+            try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(inside_dir(out_dir, s["file"], where))))
+                                    .read_all())
             except (OSError, pa.ArrowException) as err:
                 raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python "
                                        "-m dflash_nb.data to rebuild it") from None
-            _check_shard(p, self.tables[-1], self.manifest, len(self.tables) - 1)
+            _check_shard(p, self.tables[-1], self.manifest, i)
         self.starts = np.cumsum([0] + [t.num_rows for t in self.tables])
         dup = self.manifest.get("duplicates") or {}
         self.index = np.concatenate(
@@ -649,8 +695,7 @@ class ShardDataset:
 
 def _check_shard(path: Path, table, manifest: dict, index: int):
     "Refuse a shard that is not the manifest's: of another data set (the id in its statistics), or at another position."
-    ds = manifest.get("dataset_id")
-    if ds is None: return                                   # a manifest from before data set ids
+    ds = manifest["dataset_id"]                             # there: `check_manifest` refuses a manifest without one
     try: st = json.loads((table.schema.metadata or {})[b"dflash_nb.shard"])
     except (KeyError, ValueError): st = {}
     if st.get("dataset") != ds or st.get("index") != index:
@@ -659,6 +704,21 @@ def _check_shard(path: Path, table, manifest: dict, index: int):
                                 f"{index}): refusing to "
                                 "train on a mix; rerun python -m dflash_nb.data with the data set's inputs to "
                                 "rebuild it")
+    _check_rows(path, table, manifest["shards"][index]["samples"])
+
+def _check_rows(path: Path, t, samples: int):
+    "Refuse a shard whose columns do not fit: not the schema, nulls, a row count or a loss mask that is not its ids'."
+    import pyarrow.compute as pc
+    bad = lambda why: CorruptFileError(f"shard {path}: {why}; rerun python -m dflash_nb.data to rebuild it")
+    if not t.schema.remove_metadata().equals(SCHEMA): raise bad(f"not a shard's columns ({t.schema.remove_metadata()})")
+    if t.num_rows != samples: raise bad(f"{t.num_rows} rows, but its manifest entry says {samples} samples")
+    if any(t.column(c).null_count for c in SCHEMA.names): raise bad("a column holds nulls")
+    n = pc.list_value_length(t.column("input_ids")).to_numpy()
+    if not np.array_equal(n, pc.list_value_length(t.column("loss_mask")).to_numpy()):
+        raise bad("a loss mask of another length than its input ids")
+    if not np.array_equal(n, t.column("n_tokens").to_numpy()): raise bad("n_tokens is not the length of input_ids")
+    mask = pc.list_flatten(t.column("loss_mask"))
+    if len(mask) and not set(pc.unique(mask).to_pylist()) <= {0, 1}: raise bad("a loss mask value other than 0 and 1")
 
 def read_shards(out_dir) -> ShardDataset:
     "The samples of the finished tokenization run in `out_dir` (list-like, memory-mapped)."

@@ -4,13 +4,15 @@
 
 # %% ../nbs/00b_storage.ipynb #c879a6fa
 from __future__ import annotations
-import contextlib, os, shutil
+import contextlib, os, re, shutil, stat
 from pathlib import Path
 from typing import Optional
+from .config import ExpectedError, read_document
 
 # %% auto #0
-__all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes', 'atomic_dir',
-           'split_s3', 's3_client']
+__all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'own_temps', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes',
+           'atomic_dir', 'UnsafePathError', 'plain_name', 'checked_path', 'inside_dir', 'read_json', 'split_s3',
+           's3_client']
 
 # %% ../nbs/00b_storage.ipynb #36e250a1
 def fsync_file(path):
@@ -28,19 +30,38 @@ def fsync_dir(path) -> bool:
     finally: os.close(fd)
 
 # %% ../nbs/00b_storage.ipynb #78f46a92
-def temp_sibling(path, tag: str = "tmp") -> Path:
-    "The hidden temporary name for `path` in its own directory: `.NAME.TAG-PID`."
-    path = Path(path)
-    return path.with_name(f".{path.name}.{tag}-{os.getpid()}")
+_MARKER = re.compile(r"[0-9a-f]{8,64}")
 
+def temp_sibling(path, tag: str = "tmp", marker: Optional[str] = None) -> Path:
+    "The hidden temporary name for `path` in its own directory: `.NAME.TAG-PID`, or `.NAME.TAG-MARKER-PID`."
+    path = Path(path)
+    if marker is not None and not _MARKER.fullmatch(str(marker)):
+        raise ValueError(f"a temp-name marker is 8 to 64 hex digits, not {marker!r}")
+    return path.with_name(f".{path.name}.{tag}-{marker + '-' if marker else ''}{os.getpid()}")
+
+def own_temps(directory, marker: str) -> list[tuple[Path, str, str]]:
+    "The temp entries of `directory` whose name carries `marker` (not links): (path, the name it stands for, tag)."
+    temp_sibling("x", marker=marker)                         # the marker's shape is checked there
+    pattern, d = re.compile(rf"\.(.+)\.(tmp|old)-{marker}-\d+"), Path(directory)
+    if not d.is_dir(): return []
+    found = [(p, m[1], m[2]) for p in sorted(d.iterdir()) if (m := pattern.fullmatch(p.name))]
+    return [(p, name, tag) for p, name, tag in found if not p.is_symlink()]
+
+def _fresh(tmp: Path, marked: bool) -> Path:
+    "`tmp`, or when it is unmarked and taken a free name beside it: nothing not proven ours is overwritten."
+    while not marked and os.path.lexists(tmp): tmp = tmp.with_name(f"{tmp.name}.{os.urandom(3).hex()}")
+    return tmp
+
+# %% ../nbs/00b_storage.ipynb #1b949592
 @contextlib.contextmanager
-def atomic_writer(path, mode: str = "wb"):
+def atomic_writer(path, mode: str = "wb", marker: Optional[str] = None):   # marker: see `temp_sibling`
     "Write `path` through a temp sibling: fsynced and renamed into place on a clean exit; removed on an exception."
     if mode not in ("w", "wb"): raise ValueError(f"atomic_writer writes whole files: mode 'w' or 'wb', not {mode!r}")
     path = Path(path)
-    tmp = temp_sibling(path)
+    tmp = _fresh(temp_sibling(path, marker=marker), marker is not None)
     try:
-        with open(tmp, mode, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
+        how = mode if marker else mode.replace("w", "x")        # unmarked: created here, never an existing file
+        with open(tmp, how, **({"encoding": "utf-8"} if mode == "w" else {})) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -50,21 +71,21 @@ def atomic_writer(path, mode: str = "wb"):
         raise
     fsync_dir(path.parent)
 
-def atomic_write_text(path, text: str):
+def atomic_write_text(path, text: str, marker: Optional[str] = None):
     "Replace file `path` with `text` (UTF-8) atomically and durably."
-    with atomic_writer(path, "w") as f: f.write(text)
+    with atomic_writer(path, "w", marker) as f: f.write(text)
 
-def atomic_write_bytes(path, data: bytes):
+def atomic_write_bytes(path, data: bytes, marker: Optional[str] = None):
     "Replace file `path` with `data` atomically and durably."
-    with atomic_writer(path, "wb") as f: f.write(data)
+    with atomic_writer(path, "wb", marker) as f: f.write(data)
 
 # %% ../nbs/00b_storage.ipynb #e67c23e3
 @contextlib.contextmanager
-def atomic_dir(path):   # the directory to write, replacing any at that name
+def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, replacing any; marker: `temp_sibling`
     "Yield a temp sibling dir to fill; on a clean exit fsync it and swap it in for `path`; on an exception remove it."
     path = Path(path)
-    tmp, old = temp_sibling(path), temp_sibling(path, "old")
-    shutil.rmtree(tmp, ignore_errors=True)   # a killed writer of this pid's name (pids are reused)
+    tmp, old = (_fresh(temp_sibling(path, t, marker), marker is not None) for t in ("tmp", "old"))
+    if marker: shutil.rmtree(tmp, ignore_errors=True)   # a killed writer of this marker and pid: ours
     tmp.mkdir()
     try:
         yield tmp
@@ -79,6 +100,43 @@ def atomic_dir(path):   # the directory to write, replacing any at that name
         raise
     shutil.rmtree(old, ignore_errors=True)
     fsync_dir(path.parent)
+
+# %% ../nbs/00b_storage.ipynb #d1a97c11
+class UnsafePathError(ExpectedError, ValueError):
+    "A name leading outside its directory, or a path that is not the regular file (or directory) it must be."
+
+def plain_name(name, where: str) -> str:   # where: the file the name was read from, for the message
+    "`name` if it is one plain path component (a string; no separator, not `.`/`..`, no NUL), else UnsafePathError."
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise UnsafePathError(f"{where}: {str(name)[:80]!r} is not a plain file name; refusing to use it as a path")
+    return name
+
+def _what(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+# %% ../nbs/00b_storage.ipynb #fbec6b91
+def checked_path(path, kind: str = "file", within=None) -> Path:   # within: the dir it must stay in (False: anywhere)
+    "`path` if, links resolved, it is a regular file (kind 'dir': a directory) inside `within` (default: its own dir)."
+    p = Path(path)
+    try: mode = os.stat(p).st_mode                         # stat follows links and never opens the file
+    except FileNotFoundError: raise FileNotFoundError(f"{p} does not exist") from None
+    want = "a directory" if kind == "dir" else "a regular file"
+    if _what(mode) != want: raise UnsafePathError(f"{p} is {_what(mode)}, not {want}; refusing to read it")
+    if within is not False:
+        base, real = Path(p.parent if within is None else within).resolve(), p.resolve()
+        if real != base and base not in real.parents:
+            raise UnsafePathError(f"{p} leads outside {base} (to {real}); refusing to read it")
+    return p
+
+def inside_dir(base, name, where: str, kind: str = "file") -> Path:   # where: the file `name` was read from
+    "`base/name` for a `name` read from a file: a plain name, resolving inside `base` to a `kind` (file or dir)."
+    return checked_path(Path(base) / plain_name(name, where), kind, within=base)
+
+def read_json(path, within=None):   # within: as in `checked_path`
+    "The JSON document at `path`: a checked regular file, parsed within the document limits (chapter Config)."
+    return read_document(checked_path(path, within=within), "json")
 
 # %% ../nbs/00b_storage.ipynb #e3094bd7
 def split_s3(uri: str) -> tuple[str, str]:

@@ -165,6 +165,8 @@ def load_target(
 ):
     "Load a frozen target CausalLM from a local path straight onto `device` (no full host copy), in eval mode."
     from transformers import AutoModelForCausalLM
+    from dflash_nb.storage import checked_path   # a FIFO or a device at config.json: refused, never opened
+    if (Path(path) / "config.json").exists(): checked_path(Path(path) / "config.json", within=False)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     if dtype is None: dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

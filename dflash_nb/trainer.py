@@ -145,7 +145,7 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
         print(f"{log_prefix}note: took over the stale lock of pid {pid} in {run_dir}", flush=True)
     mine, theirs = check_run_dir(cfg)
     for d in (ckpt_root, run_dir / "resume"):    # the dir is ours now: what killed saves and downloads left goes
-        gone = clean_killed_saves(d)
+        gone = clean_killed_saves(d, mine)
         if gone: print(f"{log_prefix}note: removed leftovers of killed saves in {d}: {', '.join(gone)}", flush=True)
     if mine is None:   # a new run, or a resume continuing the source's run in a new dir
         ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
@@ -244,6 +244,8 @@ def resume_from(run: Run) -> tuple[int, dict]:
     if src.startswith("s3://"): local = download_checkpoint(src, run.run_dir / "resume", cfg.checkpoint.s3_endpoint_url)
     ck = load_checkpoint(local)
     st = ck["state"]
+    if run.run_id and cfg.resume == "auto" and st.get("run_id") != run.run_id:   # checked before anything was written
+        raise CheckpointError(f"{ck['dir']} is a checkpoint of run {st.get('run_id')}, not of this run {run.run_id}")
     start = st["step"]
     if start > cfg.steps:
         raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: resuming would move "

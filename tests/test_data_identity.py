@@ -77,15 +77,17 @@ def test_a_file_this_program_did_not_write_is_never_deleted(tmp_path):
 
 
 def test_leftover_temp_files_of_a_killed_run_are_cleaned(tmp_path):
-    "Temp files of shards, manifest and audit of a killed run are removed at the next start; other hidden files stay."
+    "Temp files carrying this data set's id (a killed run's) go at the next start; look-alikes without it all stay."
     a, _ = _inputs(tmp_path)
     out = tmp_path / "D"
+    ds = tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)["dataset_id"]
+    ours = [f".shard-00000.arrow.tmp-{ds}-999999", f".manifest.json.tmp-{ds}-999998", f".audit.json.tmp-{ds}-999997"]
+    foreign = [".shard-00000.arrow.tmp-77", ".manifest.json.tmp-5", ".audit.json.tmp-999997", ".mine.tmp-1",
+               ".shard-00000.arrow.tmp-0123456789abcdef-6", ".manifest.json.tmp5", f".shard-00000.arrow.tmp-{ds}-x"]
+    for n in ours + foreign: (out / n).write_bytes(b"half written")
     tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
-    ours = [".shard-00000.arrow.tmp-999999", ".manifest.json.tmp-999998", ".audit.json.tmp-999997"]
-    for n in ours: (out / n).write_bytes(b"half written")
-    (out / ".mine.tmp-1").write_text("not ours")
-    tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
-    assert not any((out / n).exists() for n in ours) and (out / ".mine.tmp-1").read_text() == "not ours"
+    assert not any((out / n).exists() for n in ours)
+    assert all((out / n).read_bytes() == b"half written" for n in foreign)
 
 
 def test_a_shard_of_another_data_set_is_refused_by_training(tmp_path):

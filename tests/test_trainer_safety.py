@@ -409,16 +409,19 @@ def test_train_cli_refuses_the_run_dir_before_tokenizing(tmp_path, data_dir):
 
 
 def test_leftovers_of_killed_saves_are_cleaned_on_the_next_start(tmp_path, data_dir):
-    "Temp dirs/files of killed saves and downloads (names the trainer writes) go at the next start; nothing else."
+    "Temp dirs/files carrying the run's id (its killed saves) go at the next start; look-alikes of every name stay."
     run = tmp_path / "run"
     train(train_cfg(run, data_dir, steps=2, checkpoint={"every": 2}))
+    rid = json.loads((run / "run.json").read_text())["run_id"]
     root = run / "checkpoints"
-    (root / ".step-00000004.tmp-999999").mkdir()
-    (root / ".step-00000004.tmp-999999" / "optimizer.pt").write_bytes(b"half")
-    (root / ".latest.tmp-999999").write_text("step-00000004\n")
-    (root / ".tmp-step-00000003-999997").mkdir()            # the name saves used before
+    (root / f".step-00000004.tmp-{rid}-999999").mkdir()
+    (root / f".step-00000004.tmp-{rid}-999999" / "optimizer.pt").write_bytes(b"half")
+    (root / f".latest.tmp-{rid}-999999").write_text("step-00000004\n")
+    foreign = [".step-00000004.tmp-999999", ".latest.tmp-999999", ".step-00000002.old-77", ".tmp-step-00000003-999997",
+               ".old-step-00000002-5", ".step-00000004.tmp-0123456789abcdef-6", ".tmp-mine"]
+    for n in foreign: (root / n).write_text("not provably the trainer's")
     (run / "resume" / ".step-00000002.tmp-999998").mkdir(parents=True)
-    (root / ".tmp-mine").write_text("not a name the trainer writes")
     train(train_cfg(run, data_dir, steps=3, resume="auto", checkpoint={"every": 0, "final": False}))
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == [".tmp-mine"]
-    assert list((run / "resume").iterdir()) == []
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == sorted(foreign)
+    assert all((root / n).read_text() == "not provably the trainer's" for n in foreign)
+    assert [p.name for p in (run / "resume").iterdir()] == [".step-00000002.tmp-999998"]
