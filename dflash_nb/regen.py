@@ -245,22 +245,31 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     "The manifest of `out_dir` for this run: a new one, or the one on disk when it was made with the same settings."
     out_dir = Path(out_dir)
     want = dict(prompts_sha=prompts_sha(convs), prompts=len(convs), shard_size=shard_size, settings=settings)
-    try: have = json.loads((out_dir / MANIFEST).read_text())
-    except FileNotFoundError: have = None
-    except ValueError as e: raise ConfigError(f"{out_dir / MANIFEST}: not valid JSON ({e}); --replace starts over")
-    ours = sorted(out_dir.glob("shard-*.jsonl")) if out_dir.is_dir() else []
+    want = json.loads(json.dumps(want))           # as it reads back from the file (tuples are lists there)
+    have, ours = _manifest_on_disk(out_dir), sorted(out_dir.glob("shard-*.jsonl"))
     if replace:
         for f in ours + [out_dir / MANIFEST]: f.unlink(missing_ok=True)
     elif have is not None and {k: have.get(k) for k in want} != want:
         diff = [k for k in ("prompts_sha", "shard_size") if have.get(k) != want[k]]
-        diff += [k for k in settings if (have.get("settings") or {}).get(k) != settings[k]]
+        diff += [k for k in want["settings"] if (have.get("settings") or {}).get(k) != want["settings"][k]]
         raise ConfigError(f"{out_dir} holds completions made with other settings ({', '.join(diff) or 'format'}): "
                           f"pick another --out, or --replace to start over (nothing was changed)")
     elif have is None and ours:
         raise ConfigError(f"{out_dir} holds shard files but no {MANIFEST}: pick another --out, or --replace")
+    for f in [*out_dir.glob(".shard-*.jsonl.tmp-*"), *out_dir.glob(f".{MANIFEST}.tmp-*")]:  # a killed run's temp files
+        f.unlink(missing_ok=True)
     if have is not None and not replace: return have
     out_dir.mkdir(parents=True, exist_ok=True)
     return dict(want, shards={})
+
+def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
+    "The manifest in `out_dir` (None: there is none); one that is not this program's is refused."
+    try: have = json.loads((out_dir / MANIFEST).read_text())
+    except FileNotFoundError: return None
+    except ValueError as e: raise ConfigError(f"{out_dir / MANIFEST}: not valid JSON ({e}); --replace starts over")
+    if not isinstance(have, dict) or not isinstance(have.get("shards"), dict):
+        raise ConfigError(f"{out_dir / MANIFEST}: not a manifest of this program; --replace starts over")
+    return have
 
 # %% ../nbs/01g_regen.ipynb #a64c6a29
 def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man: dict, max_new_tokens: int,
@@ -339,11 +348,13 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
     "(engine, verifying target or None) of `kind` 'hf' or 'vllm' on the target checkpoint in `target_dir`."
     if kind == "vllm":
         from dflash_nb.serving import VLLMEngine
-        with VLLMEngine(str(target_dir), dtype=auto_dtype(dtype, "cpu" if not torch.cuda.is_available() else "cuda"),
-                        seed=seed, **vllm_kwargs) as eng: yield eng, None
+        with stage(f"starting vLLM on {target_dir}"):
+            eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
+        with eng: yield eng, None
         return
     from dflash_nb.target import load_target
-    target = load_target(target_dir, dtype=auto_dtype(dtype, device), device=device)
+    with stage(f"loading the target {target_dir}"):
+        target = load_target(target_dir, dtype=auto_dtype(dtype, device), device=device)
     yield HFEngine(target, pad_token_id, batch_size), target
 
 # %% ../nbs/01g_regen.ipynb #b51534dd
@@ -354,8 +365,7 @@ def main(argv=None) -> int:
 
 def serving_errors() -> tuple:
     "The serving bridge's failures, which a command reports as one line (no vLLM environment, a refused model, ...)."
-    try: from dflash_nb.serving import ServingError, ServingUnavailable
-    except ImportError: return ()
+    from dflash_nb.serving import ServingError, ServingUnavailable
     return (ServingError, ServingUnavailable)
 
 def cli():
@@ -418,11 +428,12 @@ def _positive(a):
 # %% ../nbs/01g_regen.ipynb #4d1f4ad0
 def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sampling) -> dict:
     "What the completions depend on besides the prompts (the resume key): target files, template, engine, sampling."
-    from dflash_nb.records import template_fingerprint, tokenizer_fingerprint
+    from dflash_nb.records import template_fingerprint
     files = sorted((f.name, f.stat().st_size) for f in target.iterdir()
                    if f.is_file() and f.name.endswith((".safetensors", ".bin", ".pt")))
     config = hashlib.sha256((target / "config.json").read_bytes()).hexdigest()[:16]
-    return dict(target_config=config, target_weights=files, tokenizer=tokenizer_fingerprint(tokenizer),
+    vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]   # vocab, merges, specials
+    return dict(target_config=config, target_weights=files, tokenizer=vocab,
                 template=template_fingerprint(tokenizer, data_cfg.template_kwargs()), end_of_turn=data_cfg.end_of_turn,
                 engine=a.engine, dtype=auto_dtype(a.dtype, a.device), sampling=asdict(sampling), seed=a.seed,
                 max_new_tokens=a.max_new_tokens)
@@ -435,11 +446,14 @@ def _main(argv: list) -> int:
     target = Path(a.target)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
-    data_cfg, tok = _data_config(a), load_tokenizer(a.tokenizer or target)
-    gen_cfg = generation_config(target)
+    if a.engine == "vllm":
+        from dflash_nb.serving import serving_python
+        serving_python()                         # a Python with vLLM to serve with, before anything is read
+    data_cfg = _data_config(a)
+    convs, counts = load_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)
+    tok, gen_cfg = load_tokenizer(a.tokenizer or target), generation_config(target)
     sampling = Sampling() if a.sampling == "greedy" else recommended_sampling(gen_cfg)
     check = CompletionCheck(tok, data_cfg, end_ids(gen_cfg))
-    convs, counts = load_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)
     man = open_manifest(a.out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace)
     print(f"{len(convs):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in counts.items())}); "
           f"{len(man['shards'])} of {-(-len(convs) // a.shard_size)} shards done in {a.out}", flush=True)
