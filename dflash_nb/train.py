@@ -143,6 +143,9 @@ def check_run(cfg: RunConfig):
     tokenizer = load_tokenizer(tokenizer_dir(tc.target))
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
+    if rg.prompts and rg.engine == "vllm":
+        from dflash_nb.serving import serving_python
+        serving_python()                    # a Python with vLLM to regenerate with, before the target is loaded
     if cfg.inputs: list_inputs(cfg.inputs, cfg.data)          # every input is there (a glob matches, a prefix lists)
     elif not rg.prompts:
         if not tc.data_dir:

@@ -215,3 +215,13 @@ def test_train_with_regenerate_engine_vllm(served, vllm_runs, tmp_path):
         r = regenerate(target, tok, part, tmp_path / name, 16, 32, cfg.data)
         assert r["cut_by_verify"] == 0
         assert (tmp_path / name).read_bytes() == (run / "generated" / name).read_bytes(), name
+
+
+def test_train_without_a_serving_python_is_one_line(tmp_path, monkeypatch, capsys):
+    "`regenerate.engine=vllm` with no vLLM to serve with fails in the checks, before the target is loaded: one line."
+    from dflash_nb.train import main as train
+    monkeypatch.setenv("DFLASH_SERVING_PYTHON", str(tmp_path / "no-python"))
+    assert train([f"train.run_dir={tmp_path / 'run'}", "regenerate.engine=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"python -m dflash_nb.train: error: DFLASH_SERVING_PYTHON={tmp_path / 'no-python'}: not an "
+                   "executable\n") and not (tmp_path / "run").exists()
