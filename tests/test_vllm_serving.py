@@ -4,8 +4,11 @@ on the same prompts (`prompt_set_tau`, what `dflash-eval --prompts` reports): to
 budget and stop ids. All-full and all-sliding drafters are served on this CPU; a drafter mixing the two needs vLLM's V2
 model runner, which needs a GPU Triton, and vLLM says so.
 
-Cost: one short training run (~1 min) and three vLLM engines (~30 s each to start), shared by the module's tests."""
-import dataclasses, time
+Cost: one short training run (~1 min), three vLLM engines (~30 s each to start) shared by the module's tests, one
+refused start, and `dflash-eval --engine vllm` through the console script (two engines, started at once)."""
+import dataclasses, json, os, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 import pytest, torch
 
 from _serving_common import served_target, write_served_target
@@ -15,25 +18,35 @@ from dflash_nb.evaluate import prompt_set_tau
 from dflash_nb.export import export_drafter, load_exported_drafter
 from dflash_nb.loss import block_loss
 from dflash_nb.model import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from dflash_nb.prompts import (MAX_PROMPT_RECORD_BYTES, read_prompt_specs,
+                               render_prompts)
 from dflash_nb.records import load_tokenizer, qwen3_tokenizer_dir
 from dflash_nb.serving import ServingError, VLLMEngine, acceptance_length
 from dflash_nb.target import TargetFeatures
 
 pytestmark = pytest.mark.slow
 
-B, N_NEW, STEPS, WINDOW = 4, 32, 80, 8   # block size, new tokens per prompt, training steps, the sliding variant's window
+B, N_NEW, STEPS, WINDOW = 4, 32, 80, 8   # block size, new tokens per prompt, training steps, the sliding layers' window
 WORDS = ("the a of to and in is that it for on with as was at by an be this from or have not are but cat dog house "
          "river code model token block draft target speed light water stone music paper").split()
 
 
-def prompts(tok, n=12, seed=0):
-    "`n` short real-tokenizer prompts of 8-16 words (fixed seed)."
+def prompt_file(path, n=12, seed=0):
+    "A JSONL prompt file of `n` user prompts of 8-16 words (fixed seed), as `dflash-eval --prompts` reads them."
     g = torch.Generator().manual_seed(seed)
-    out = []
+    lines = []
     for _ in range(n):
         k = int(torch.randint(8, 17, (1,), generator=g))
-        out.append(tok(" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (k,), generator=g)))["input_ids"])
-    return out
+        words = [WORDS[int(i)] for i in torch.randint(len(WORDS), (k,), generator=g)]
+        lines.append(json.dumps({"prompt": " ".join(words)}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def rendered(path, tok) -> list[list[int]]:
+    "The prompts of `path` as token ids, rendered with the chat template exactly as `dflash-eval --prompts` does."
+    pf = read_prompt_specs([str(path)], None, MAX_PROMPT_RECORD_BYTES)[path.name]
+    return [p.tolist() for p in render_prompts(pf, tok)]
 
 
 def train(target, cfg, samples, steps=STEPS, lr=1e-2):
@@ -66,7 +79,8 @@ def served(tmp_path_factory):
     t0, root = time.perf_counter(), tmp_path_factory.mktemp("vllm")
     tok, target = load_tokenizer(qwen3_tokenizer_dir()), served_target()
     target_dir = write_served_target(root / "target", target)
-    ps, stop = prompts(tok), [int(target.config.eos_token_id)]
+    pfile = prompt_file(root / "prompts.jsonl")
+    ps, stop = rendered(pfile, tok), [int(target.config.eos_token_id)]   # the stop ids dflash-eval uses for it
     with torch.no_grad():
         greedy = [target.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=stop,
                                   pad_token_id=stop[0])[0, len(p):].tolist() for p in ps]
@@ -78,7 +92,13 @@ def served(tmp_path_factory):
     exports = {name: export_drafter(state, dataclasses.replace(cfg, layer_types=kinds, sliding_window=WINDOW),
                                     root / name) for name, kinds in layouts.items()}
     print(f"target, greedy references, training and exports: {time.perf_counter() - t0:.0f} s")
-    return dict(target=target, target_dir=target_dir, prompts=ps, greedy=greedy, stop=stop, exports=exports)
+    return dict(target=target, target_dir=target_dir, prompt_file=pfile, prompts=ps, greedy=greedy, stop=stop,
+                exports=exports, root=root)
+
+
+@pytest.fixture(scope="module")
+def ours_full(served):
+    return ours(served, "full")
 
 
 def ours(served, name) -> dict:
@@ -89,17 +109,28 @@ def ours(served, name) -> dict:
                           stop_token_ids=served["stop"])[0.0]
 
 
+def start(served, name):
+    "A vLLM engine for the target, with the export `name` as its drafter (None: without); the error if it refuses."
+    try: return VLLMEngine(served["target_dir"], name and served["exports"][name], max_model_len=256)
+    except ServingError as e: return e
+
+
 @pytest.fixture(scope="module")
 def runs(served):
-    "vLLM's greedy outputs and counters without a drafter and with each servable layout (one engine at a time)."
+    "vLLM's greedy outputs and counters without a drafter and with each layout: engines started two at a time."
     out = {}
-    for name in ("plain", "full", "sliding"):
+    for pair in ((None, "full"), ("sliding", "mixed")):
         t0 = time.perf_counter()
-        with VLLMEngine(served["target_dir"], None if name == "plain" else served["exports"][name],
-                        max_model_len=256) as engine:
-            r = engine.generate(served["prompts"], N_NEW, stop_token_ids=served["stop"])
-            out[name] = dict(outputs=r["outputs"], spec=engine.spec_metrics(), start=engine.load_seconds)
-        print(f"vLLM {name}: started in {out[name]['start']:.0f} s, {time.perf_counter() - t0:.0f} s in all")
+        with ThreadPoolExecutor(2) as pool:
+            engines = dict(zip(pair, pool.map(lambda name: start(served, name), pair)))
+        for name, engine in engines.items():
+            if isinstance(engine, ServingError):
+                out[name] = engine
+                continue
+            with engine:
+                r = engine.generate(served["prompts"], N_NEW, stop_token_ids=served["stop"])
+                out[name or "plain"] = dict(outputs=r["outputs"], spec=engine.spec_metrics())
+        print(f"vLLM engines {pair}: {time.perf_counter() - t0:.0f} s")
     return out
 
 
@@ -116,10 +147,11 @@ def accepted_at_least(hist) -> list[int]:
 
 
 @pytest.mark.parametrize("name", ["full", "sliding"])
-def test_vllm_acceptance_equals_dflash_nb_tau(served, runs, name):
-    spec, mine = runs[name]["spec"], ours(served, name)
+def test_vllm_acceptance_equals_dflash_nb_tau(served, runs, ours_full, name):
+    spec, mine = runs[name]["spec"], ours_full if name == "full" else ours(served, name)
     tau = acceptance_length(spec)
-    msg = f"{name}: vLLM τ {tau:.4f} ({spec}), dflash_nb τ {mine['tau']:.4f} ({mine['cycles']} cycles, {mine['histogram']})"
+    msg = (f"{name}: vLLM τ {tau:.4f} ({spec}), "
+           f"dflash_nb τ {mine['tau']:.4f} ({mine['cycles']} cycles, histogram {mine['histogram']})")
     print(msg)
     assert spec["accepted"] > 0 and mine["tau"] > 1.0, msg                  # the drafter drafts something accepted
     assert abs(tau - mine["tau"]) <= 0.02 * mine["tau"], msg
@@ -135,8 +167,29 @@ def test_the_sliding_window_matters_here(served, runs):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU with Triton vLLM's V2 model runner serves this layout")
-def test_a_mixed_layout_needs_vllms_v2_runner_which_this_cpu_lacks(served):
-    with pytest.raises(ServingError) as e:
-        VLLMEngine(served["target_dir"], served["exports"]["mixed"], max_model_len=256)
-    assert "mixed sliding/full dflash drafts" in str(e.value) and "\n" not in str(e.value), str(e.value)
-    assert any("Model Runner V2 requires Triton" in line for line in e.value.log), e.value.log[-5:]
+def test_a_mixed_layout_needs_vllms_v2_runner_which_this_cpu_lacks(runs):
+    e = runs["mixed"]
+    assert isinstance(e, ServingError), e
+    assert "mixed sliding/full dflash drafts" in str(e) and "\n" not in str(e), str(e)
+    assert any("Model Runner V2 requires Triton" in line for line in e.log), e.log[-5:]
+
+
+def test_dflash_eval_engine_vllm_through_the_console_script(served, ours_full):
+    "`dflash-eval --engine vllm`: vLLM's τ and speed-up next to dflash_nb's, in the table and the JSON."
+    out = served["root"] / "eval.json"
+    cmd = [str(Path(sys.executable).with_name("dflash-eval")), "--engine", "vllm",
+           "--drafter", str(served["exports"]["full"]), "--target", str(served["target_dir"]),
+           "--prompts", str(served["prompt_file"]), "--max-new-tokens", str(N_NEW), "--json", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    print(f"dflash-eval --engine vllm: {time.perf_counter() - t0:.0f} s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "vLLM τ @ T=0" in r.stdout and "speed-up @ T=0" in r.stdout, r.stdout
+    cell = json.loads(out.read_text())["prompt_sets"]["prompts.jsonl"]["0"]
+    v = cell["vllm"]
+    assert cell["tau"] == pytest.approx(ours_full["tau"])               # dflash_nb's own τ: the same prompts, as above
+    assert v["identical"] == v["prompts"] == len(served["prompts"])     # lossless, prompt for prompt
+    assert v["accepted"] > 0 and abs(v["tau"] - cell["tau"]) <= 0.02 * cell["tau"], (v, cell["tau"])
+    assert cell["vllm_tau"] == v["tau"]
+    assert cell["vllm_speedup"] == pytest.approx(v["tokens_per_s"] / v["plain_tokens_per_s"])
+    assert len(v["accepted_per_pos"]) == B - 1 and v["tokens_per_s"] > 0 and v["plain_tokens_per_s"] > 0
