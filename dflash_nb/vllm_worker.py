@@ -142,4 +142,6 @@ def main() -> int:
 
 # %% ../nbs/01e_vllm_worker.ipynb #45165efc
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    sys.exit(main())
+    rc = main()
+    sys.stderr.flush()
+    os._exit(rc)  # the OS frees the engine at once; vLLM's own teardown at exit takes ~10 s here
