@@ -18,10 +18,12 @@ from dflash_nb.train import demo_data_dir
 BIN = Path(sys.executable).parent
 PROMPTS = demo_data_dir() / "prompts.jsonl"      # the bundled demo prompts (137)
 NEW_TOKENS = "32"
-# the tiny training run: 12 bundled prompts (3 held out), 16 new tokens each, 2 steps, no τ, no export
-TRAIN = ["regenerate.max_prompts=12", "regenerate.heldout=3", "regenerate.max_new_tokens=16", "train.steps=2",
-         "train.log_every=1", "evaluate.num_samples=0", "export=false", "train.drafter.target_layer_ids=[0,1,2]",
-         "data.min_loss_tokens=1", "data.max_degenerate_fraction=1.0"]
+# the tiny training run: the demo with its tiny target given head_dim 64 (written to a scratch checkpoint for vLLM),
+# 12 bundled prompts (3 held out), 16 new tokens each, 2 steps, no τ, no export
+TINY = "{hidden_size: 64, num_layers: 4, num_heads: 2, num_kv_heads: 1, head_dim: 64, intermediate_size: 128, seed: 1}"
+TRAIN = [f"train.target.tiny={TINY}", "regenerate.max_prompts=12", "regenerate.heldout=3",
+         "regenerate.max_new_tokens=16", "train.steps=2", "train.log_every=1", "evaluate.num_samples=0", "export=false",
+         "train.drafter.target_layer_ids=[0,1,2]", "data.min_loss_tokens=1", "data.max_degenerate_fraction=1.0"]
 
 
 def regen_args(target, out, *more, prompts=PROMPTS, tokens=NEW_TOKENS):
@@ -60,8 +62,7 @@ def vllm_runs(served, tmp_path_factory):
     procs = {}
     for name, argv in {
         "regen": [BIN / "dflash-regen", *regen_args(served, d / "regen", "--engine", "vllm")],
-        "train": [BIN / "dflash-train", f"train.run_dir={d / 'run'}", f"train.target.path={served}",
-                  "regenerate.engine=vllm", *TRAIN],
+        "train": [BIN / "dflash-train", f"train.run_dir={d / 'run'}", "regenerate.engine=vllm", *TRAIN],
     }.items():
         log = open(d / f"{name}.log", "w")
         procs[name] = (subprocess.Popen(list(map(str, argv)), stdout=log, stderr=subprocess.STDOUT, env=env), d)
@@ -197,19 +198,22 @@ def test_prompts_from_s3_are_the_local_prompts(small, s3_server, tmp_path):
 
 
 @pytest.mark.slow   # the training run's vLLM start overlaps the other vLLM command's and the tests above
-def test_train_with_regenerate_engine_vllm(served, vllm_runs, tmp_path):
+def test_train_with_regenerate_engine_vllm(vllm_runs, tmp_path):
     """`dflash-train ... regenerate.engine=vllm` trains on vLLM's completions: the files equal what the HF engine
-    writes for the same prompts, the loaded target verified them (no cut), and the run went on to train."""
+    writes for the same prompts, the loaded target verified them (no cut), and the run went on to train. The target
+    is the demo's in-memory tiny one, which vLLM is given as a checkpoint written for it."""
     d = finished(vllm_runs, "train")
     run, log = d / "run", (d / "train.log").read_text()
     assert "regenerated 9 + 3 held-out completions with the target (vLLM)" in log, log[-3000:]
     assert json.loads((run / "generated" / "generation.json").read_text())["stats"]["cut_by_verify"] == 0
     assert json.loads((run / "report.json").read_text())["train"]["steps"] == 2
+    import torch
+    from dflash_nb.build import build_target, tokenizer_dir
     from dflash_nb.config import load_config
-    from dflash_nb.target import load_target
     from dflash_nb.train import RunConfig, demo_config_path
     cfg = load_config(RunConfig, demo_config_path(), TRAIN)
-    tok, target = load_tokenizer(served), load_target(served, dtype="float32", device="cpu")
+    assert cfg.train.target.path is None and cfg.train.target.tiny["head_dim"] == 64
+    tok, target = load_tokenizer(tokenizer_dir(cfg.train.target)), build_target(cfg.train.target, torch.device("cpu"))
     prompts = read_prompts(PROMPTS)[:12]
     for name, part in (("train.jsonl", prompts[:9]), ("heldout.jsonl", prompts[9:])):
         r = regenerate(target, tok, part, tmp_path / name, 16, 32, cfg.data)
