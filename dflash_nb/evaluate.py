@@ -14,7 +14,7 @@ from .prompts import (MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, MultiTurn, Prompt
 
 # %% auto #0
 __all__ = ['format_drafts', 'show_drafts', 'compare_decoding', 'answer_turns', 'prompt_set_tau', 'format_tau_table',
-           'load_target_spec', 'load_drafter_dir', 'main', 'cli']
+           'load_target_spec', 'load_drafter_dir', 'main', 'check_vllm_args', 'serve_prompt_sets', 'cli']
 
 # %% ../nbs/09_evaluate.ipynb #c1a5e7b8
 def format_drafts(
@@ -54,24 +54,24 @@ def show_drafts(
         out.append(head + "\n" + format_drafts(r, decode, color))
     return "\n".join(out)
 
-def _cli_drafts(a, model, drafter, B, convs=None, chat_kwargs=None) -> str:
+def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
     "`--show-drafts N`: the first N held-out prompts (--data) or prompts of the first file (--prompts), drafts marked."
-    tok = _tokenizer_for(a.target, a.tokenizer)
+    tok = _tokenizer_for(args.target, args.tokenizer)
     if convs:
-        prompts = render_prompts(next(iter(convs.values()))[: a.show_drafts], tok, chat_template_kwargs=chat_kwargs)
-        budgets = [a.max_new_tokens or 256] * len(prompts)
+        prompts = render_prompts(next(iter(convs.values()))[: args.show_drafts], tok, chat_template_kwargs=chat_kwargs)
+        budgets = [args.max_new_tokens or 256] * len(prompts)
     else:
         from dflash_nb.shards import read_shards
-        ds, prompts, budgets = read_shards(a.data), [], []
+        ds, prompts, budgets = read_shards(args.data), [], []
         for i in range(len(ds)):
-            if len(prompts) == a.show_drafts: break
+            if len(prompts) == args.show_drafts: break
             st, en = generated_span(ds[i]["loss_mask"])
             if st < 1 or en - st < 2: continue
             prompts.append(torch.tensor(ds[i]["input_ids"][:st]))
-            budgets.append(min(en - st, a.max_new_tokens or en - st))
-    T = float(a.temperature[0])
-    text = show_drafts(drafter, model, prompts, budgets, tok.decode, B, temperature=T, seed=a.seed,
-                       stop_token_ids=_stop_ids(model, tok), backend=a.backend, top_p=a.top_p, top_k=a.top_k)
+            budgets.append(min(en - st, args.max_new_tokens or en - st))
+    T = float(args.temperature[0])
+    text = show_drafts(drafter, model, prompts, budgets, tok.decode, B, temperature=T, seed=args.seed,
+                       stop_token_ids=_stop_ids(model, tok), backend=args.backend, top_p=args.top_p, top_k=args.top_k)
     print(f"drafts at temperature {T:g}: each cycle's accepted drafts in [brackets], the target's tokens bare\n{text}")
     return text
 
@@ -239,7 +239,7 @@ def _tokenizer_for(spec: str, override=None):
         return load_tokenizer(tokenizer_dir(load_config(TrainConfig, spec).target))
     return load_tokenizer(spec)
 
-
+# %% ../nbs/09_evaluate.ipynb #97fe92c7
 def _stop_ids(model, tokenizer=None) -> list[int]:
     "End-of-sequence ids of the target's config (int or list) and the tokenizer's eos (the template's end of turn)."
     e = getattr(model.config, "eos_token_id", None)
@@ -248,7 +248,7 @@ def _stop_ids(model, tokenizer=None) -> list[int]:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
 
-
+# %% ../nbs/09_evaluate.ipynb #929748b5
 def _json_dict(text: str, flag: str) -> dict:
     from dflash_nb.config import ConfigError, parse_document
 
@@ -260,9 +260,9 @@ def _json_dict(text: str, flag: str) -> dict:
         raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
     return d
 
-
-def main(argv=None) -> dict:
-    "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
+# %% ../nbs/09_evaluate.ipynb #304d1a5f
+def _parser():
+    "The command line of `dflash-eval`."
     from dflash_nb.config import CliParser
 
     ap = CliParser(
@@ -373,7 +373,19 @@ def main(argv=None) -> dict:
         metavar="N",
         help="print N continuations (held-out or first prompt file), accepted drafts in [brackets]",
     )
-    a = ap.parse_args(argv)
+    ap.add_argument(
+        "--engine",
+        choices=("dflash_nb", "vllm"),
+        default="dflash_nb",
+        help="--prompts: vllm also serves every prompt set with vLLM (the serving environment, `make serving`): "
+        "τ from vLLM's own counters, output tokens/s with and without the drafter",
+    )
+    return ap
+
+# %% ../nbs/09_evaluate.ipynb #c65179d2
+def main(argv=None) -> dict:
+    "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
+    args = _parser().parse_args(argv)
     from dflash_nb.config import ConfigError
 
     for flag, low in (
@@ -385,42 +397,113 @@ def main(argv=None) -> dict:
         ("measure_speedup", 0),
         ("top_k", 0),
     ):
-        if (v := getattr(a, flag)) is not None and v < low:
+        if (v := getattr(args, flag)) is not None and v < low:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be >= {low}, got {v}")
     try:
-        for T in a.temperature:
-            check_sampling(T, a.top_p, a.top_k)
-        if a.prompts:
-            kwargs = _json_dict(a.chat_template_kwargs, "--chat-template-kwargs")
-            convs = read_prompt_specs(a.prompts, a.max_prompts, a.max_record_bytes)
+        for T in args.temperature:
+            check_sampling(T, args.top_p, args.top_k)
+        if args.prompts:
+            kwargs = _json_dict(args.chat_template_kwargs, "--chat-template-kwargs")
+            convs = read_prompt_specs(args.prompts, args.max_prompts, args.max_record_bytes)
     except (PromptFileError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ConfigError(str(e)) from e
-    model = load_target_spec(a.target, a.device, a.dtype)
+    if args.engine == "vllm": check_vllm_args(args)
+    model = load_target_spec(args.target, args.device, args.dtype)
     from dflash_nb.target import fast_paths, fast_paths_line
 
     print(fast_paths_line(fast_paths(model)))
-    drafter = load_drafter_dir(a.drafter, model)
-    B = a.block_size or drafter.config.block_size
-    if a.prompts:
-        res = _main_prompts(a, model, drafter, B, convs, kwargs)
+    drafter = load_drafter_dir(args.drafter, model)
+    B = args.block_size or drafter.config.block_size
+    if args.prompts:
+        res = _main_prompts(args, model, drafter, B, convs, kwargs)
     else:
-        res = _main_data(a, model, drafter, B)
-    if a.show_drafts > 0:
-        res["drafts"] = _cli_drafts(a, model, drafter, B, convs if a.prompts else None, kwargs if a.prompts else None)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        res = _main_data(args, model, drafter, B)
+    if args.show_drafts > 0:
+        res["drafts"] = _cli_drafts(args, model, drafter, B, convs if args.prompts else None,
+                                    kwargs if args.prompts else None)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
     return res
 
-
+# %% ../nbs/09_evaluate.ipynb #703ce8bb
 def _first_turns(prompts) -> list:
     "Each prompt's first turn as token ids (a MultiTurn's later turns depend on what the target answers)."
     return [p.first_prompt() if isinstance(p, MultiTurn) else p for p in prompts]
 
+# %% ../nbs/09_evaluate.ipynb #568331f5
+def check_vllm_args(args):
+    "What `--engine vllm` needs: prompt sets, a target directory vLLM loads, an exported drafter."
+    from dflash_nb.config import ConfigError
+    if not args.prompts:
+        raise ConfigError("--engine vllm: needs --prompts (vLLM generates; --data walks stored samples)")
+    if not (Path(args.target) / "config.json").is_file():
+        raise ConfigError(f"--engine vllm: --target {args.target}: not a model directory vLLM loads (no config.json)")
+    if not (Path(args.drafter) / "config.json").is_file():
+        raise ConfigError(f"--engine vllm: --drafter {args.drafter}: not an exported drafter (see dflash-export)")
 
-def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
-    tok = _tokenizer_for(a.target, a.tokenizer)
-    stop, n_new = _stop_ids(model, tok), a.max_new_tokens or 256
+# %% ../nbs/09_evaluate.ipynb #41dc38b2
+def _start_engines(target_dir, drafter_dir, num_speculative_tokens, **kw):
+    "The plain and the speculative engine, started at once (most of a start is importing vLLM)."
+    from concurrent.futures import ThreadPoolExecutor
+    from dflash_nb.serving import VLLMEngine
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(VLLMEngine, target_dir, **kw),
+                pool.submit(VLLMEngine, target_dir, drafter_dir, num_speculative_tokens, **kw)]
+    errors = [f.exception() for f in futs]
+    for f, e in zip(futs, errors):
+        if e is None and any(errors): f.result().close()
+    if any(errors): raise next(e for e in errors if e)
+    return [f.result() for f in futs]
+
+# %% ../nbs/09_evaluate.ipynb #87e4fa80
+def _served_cell(g: dict, s: dict, spec: dict, T: float) -> dict:
+    "One table cell from vLLM: `g` plain and `s` speculative generate results, `spec` the counters of `s`."
+    from dflash_nb.serving import acceptance_length
+    n_g, n_s = sum(map(len, g["outputs"])), sum(map(len, s["outputs"]))
+    rate_g, rate_s = n_g / max(g["seconds"], 1e-9), n_s / max(s["seconds"], 1e-9)
+    return dict(tau=acceptance_length(spec), drafts=spec["drafts"], accepted=spec["accepted"],
+                accepted_per_pos=spec["accepted_per_pos"],
+                per_position=[c / spec["drafts"] if spec["drafts"] else float("nan") for c in spec["accepted_per_pos"]],
+                identical=sum(a == b for a, b in zip(g["outputs"], s["outputs"])) if T == 0 else None,
+                prompts=len(s["outputs"]), tokens=n_s, tokens_per_s=rate_s, plain_tokens_per_s=rate_g,
+                speedup=rate_s / rate_g if rate_g else float("nan"))
+
+# %% ../nbs/09_evaluate.ipynb #36974090
+def serve_prompt_sets(
+    target_dir, drafter_dir,         # a model directory and an export of a drafter for it
+    prompt_sets: dict,               # name -> prompts (token tensors/lists or MultiTurn: their first turns are served)
+    temperatures=(0.0,),
+    max_new_tokens: int = 256,
+    stop_token_ids=(),
+    top_p: float = 1.0, top_k: int = 0,
+    num_speculative_tokens: int | None = None,  # None: the export's block size - 1
+    dtype: str = "float32",
+) -> dict:
+    "{set: {T: vLLM's τ, accepted per position, output tokens/s with and without the drafter}}, served by vLLM."
+    from dflash_nb.serving import spec_delta
+    firsts = {n: [torch.as_tensor(p).tolist() for p in _first_turns(ps)] for n, ps in prompt_sets.items()}
+    longest = max(len(p) for ps in firsts.values() for p in ps)
+    plain, spec = _start_engines(target_dir, drafter_dir, num_speculative_tokens, dtype=dtype,
+                                 max_model_len=longest + max_new_tokens + 16)
+    try:
+        out = {}
+        for name, ps in firsts.items():
+            out[name] = {}
+            for T in temperatures:
+                gen = dict(temperature=float(T), top_p=top_p, top_k=top_k or -1, stop_token_ids=list(stop_token_ids))
+                g, before = plain.generate(ps, max_new_tokens, **gen), spec.spec_metrics()
+                s = spec.generate(ps, max_new_tokens, **gen)
+                out[name][float(T)] = _served_cell(g, s, spec_delta(spec.spec_metrics(), before), float(T))
+        return out
+    finally:
+        plain.close()
+        spec.close()
+
+# %% ../nbs/09_evaluate.ipynb #808ce669
+def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    stop, n_new = _stop_ids(model, tok), args.max_new_tokens or 256
     sets, rendered = {}, {}
     for name, pf in convs.items():
         how = "told from its fields" if pf.detected else "named"
@@ -435,46 +518,48 @@ def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
             drafter,
             model,
             rendered[name],
-            a.temperature,
+            args.temperature,
             n_new,
             B,
             stop_token_ids=stop,
-            top_p=a.top_p,
-            top_k=a.top_k,
-            seed=a.seed,
-            backend=a.backend,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            backend=args.backend,
         )
     print(
         f"τ, block size {B}, at most {n_new} new tokens per prompt"
-        + (f", top-p {a.top_p}" if a.top_p < 1 else "")
-        + (f", top-k {a.top_k}" if a.top_k else "")
+        + (f", top-p {args.top_p}" if args.top_p < 1 else "")
+        + (f", top-k {args.top_k}" if args.top_k else "")
     )
-    print(format_tau_table(sets, a.temperature))
+    print(format_tau_table(sets, args.temperature))
+    if args.engine == "vllm":
+        _add_served(args, sets, rendered, B, stop, n_new)
     out = dict(
         block_size=B,
         max_new_tokens=n_new,
-        temperatures=[float(T) for T in a.temperature],
-        top_p=a.top_p,
-        top_k=a.top_k,
-        seed=a.seed,
+        temperatures=[float(T) for T in args.temperature],
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
         chat_template_kwargs=kwargs,
     )
     out["prompt_files"] = {
         n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf), turns=pf.turns)
         for n, pf in convs.items()
     }
-    if a.speedup:
-        costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=a.backend)
+    if args.speedup:
+        costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=args.backend)
         for s in sets.values():
             for r in s.values():
                 r["expected_speedup"] = expected_speedup(r["tau"], costs)
         out["forward_costs"] = costs
         print(_costs_line(costs))
-        print(format_tau_table(sets, a.temperature, "expected_speedup", "speed-up", ".2f"))
-    if a.measure_speedup:
+        print(format_tau_table(sets, args.temperature, "expected_speedup", "speed-up", ".2f"))
+    if args.measure_speedup:
         for name, s in sets.items():
             for T, r in s.items():
-                firsts = _first_turns(rendered[name][: a.measure_speedup])
+                firsts = _first_turns(rendered[name][: args.measure_speedup])
                 r["measured"] = compare_decoding(
                     drafter,
                     model,
@@ -482,22 +567,36 @@ def _main_prompts(a, model, drafter, B, convs, kwargs) -> dict:
                     n_new,
                     B,
                     stop_token_ids=stop,
-                    backend=a.backend,
+                    backend=args.backend,
                     temperature=T,
-                    top_p=a.top_p,
-                    top_k=a.top_k,
-                    seed=a.seed,
+                    top_p=args.top_p,
+                    top_k=args.top_k,
+                    seed=args.seed,
                 )
                 r["measured_speedup"] = r["measured"]["speedup"]
         print(
-            f"measured: speculative loop vs plain decoding on the first {a.measure_speedup} prompts of each file "
+            f"measured: speculative loop vs plain decoding on the first {args.measure_speedup} prompts of each file "
             "(first turns)"
         )
-        print(format_tau_table(sets, a.temperature, "measured_speedup", "speed-up", ".2f"))
+        print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
     out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
     return out
 
+# %% ../nbs/09_evaluate.ipynb #ea2c2b15
+def _add_served(args, sets, rendered, B, stop, n_new):
+    "`--engine vllm`: vLLM's figures into every cell of `sets`, and its two tables printed."
+    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    served = serve_prompt_sets(args.target, args.drafter, rendered, args.temperature, n_new, stop, args.top_p,
+                               args.top_k, B - 1 if args.block_size else None, dtype)
+    for name, s in sets.items():
+        for T, r in s.items():
+            r.update(vllm=served[name][T], vllm_tau=served[name][T]["tau"], vllm_speedup=served[name][T]["speedup"])
+    print("vLLM, the same prompts (first turns) as token ids: τ from its counters")
+    print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
+    print("vLLM output tokens/s with the drafter / without it")
+    print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
 
+# %% ../nbs/09_evaluate.ipynb #03037665
 def _costs_line(c: dict) -> str:
     return (
         f"forward costs on {c['device']} ({c['prompt_tokens']}-token context): target {1e3 * c['target_1']:.2f} ms per "
@@ -507,23 +606,23 @@ def _costs_line(c: dict) -> str:
         f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)"
     )
 
-
-def _main_data(a, model, drafter, B) -> dict:
+# %% ../nbs/09_evaluate.ipynb #d6001f23
+def _main_data(args, model, drafter, B) -> dict:
     from dflash_nb.shards import read_shards
 
-    ds = read_shards(a.data)
-    samples = [ds[i] for i in range(min(len(ds), a.num_samples))]
-    stop = _stop_ids(model) if a.recompute_reference else []
+    ds = read_shards(args.data)
+    samples = [ds[i] for i in range(min(len(ds), args.num_samples))]
+    stop = _stop_ids(model) if args.recompute_reference else []
     t0 = time.perf_counter()
     res = acceptance_length(
         drafter,
         model,
         samples,
         block_size=B,
-        recompute_reference=a.recompute_reference,
-        max_new_tokens=a.max_new_tokens,
-        backend=a.backend,
-        chunk=a.chunk,
+        recompute_reference=args.recompute_reference,
+        max_new_tokens=args.max_new_tokens,
+        backend=args.backend,
+        chunk=args.chunk,
         stop_token_ids=stop,
     )
     res["walk_seconds"] = time.perf_counter() - t0
@@ -539,8 +638,8 @@ def _main_data(a, model, drafter, B) -> dict:
         if st < 1 or en - st < 2:
             continue
         prompts.append(torch.tensor(s["input_ids"][:st]))
-        budgets.append(min(en - st, a.max_new_tokens or en - st))
-    sampled = [T for T in a.temperature if T > 0]
+        budgets.append(min(en - st, args.max_new_tokens or en - st))
+    sampled = [T for T in args.temperature if T > 0]
     if sampled:  # the walk is greedy; under sampling the real loop runs on the samples' prompts
         res["sampled"] = {}
         for T in sampled:
@@ -554,11 +653,11 @@ def _main_data(a, model, drafter, B) -> dict:
                         n,
                         B,
                         stop_token_ids=_stop_ids(model),
-                        backend=a.backend,
+                        backend=args.backend,
                         temperature=T,
-                        top_p=a.top_p,
-                        top_k=a.top_k,
-                        seed=a.seed + i,
+                        top_p=args.top_p,
+                        top_k=args.top_k,
+                        seed=args.seed + i,
                     )["stats"]
                 )
             res["sampled"][format(T, "g")] = st.summary()
@@ -566,8 +665,8 @@ def _main_data(a, model, drafter, B) -> dict:
                 f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = "
                 f"{st.summary()['tau']:.3f}"
             )
-    if a.speedup and prompts:
-        costs = forward_costs(drafter, model, prompts[0], B, backend=a.backend)
+    if args.speedup and prompts:
+        costs = forward_costs(drafter, model, prompts[0], B, backend=args.backend)
         res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
         for r in res.get("sampled", {}).values():
             r["expected_speedup"] = expected_speedup(r["tau"], costs)
@@ -576,15 +675,15 @@ def _main_data(a, model, drafter, B) -> dict:
             f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0"
             + "".join(f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items())
         )
-    if a.speculative:
+    if args.speculative:
         cmp = compare_decoding(
             drafter,
             model,
-            prompts[: a.speculative],
-            budgets[: a.speculative],
+            prompts[: args.speculative],
+            budgets[: args.speculative],
             block_size=B,
             stop_token_ids=stop,
-            backend=a.backend,
+            backend=args.backend,
         )
         res["speculative"] = cmp
         print(
@@ -595,14 +694,15 @@ def _main_data(a, model, drafter, B) -> dict:
         )
     return res
 
-
+# %% ../nbs/09_evaluate.ipynb #bc0e49f1
 def cli():
     "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
-    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks)
+    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
     from dflash_nb.config import run_cli
+    from dflash_nb.serving import ServingError, ServingUnavailable
 
-    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError,)))
+    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))
 
-
+# %% ../nbs/09_evaluate.ipynb #a8defd74
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
     cli()

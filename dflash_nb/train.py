@@ -7,11 +7,12 @@ from __future__ import annotations
 import contextlib, dataclasses, json, os, re, shutil, sys, time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 import torch
 import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
 from .records import DataConfig
+from .regen import read_prompts, float32_on_cpu, regenerate
 from dflash_nb.build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line)
@@ -19,15 +20,17 @@ from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
 # %% auto #0
-__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'read_prompts', 'float32_on_cpu',
-           'regenerate', 'measure_tau', 'export', 'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run',
-           'next_demo_dir', 'generation_key', 'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
+__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'measure_tau', 'export',
+           'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key',
+           'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
 class RegenConfig:
     prompts: Optional[str] = opt(None, "JSONL of prompts ({prompt: ...} or {messages: [...]}) to complete with the "
                                        "target's greedy decoding; 'bundled' = the demo prompts; None = skip")
+    engine: Literal["hf", "vllm"] = opt("hf", "what generates: hf = transformers generate on the loaded target; vllm "
+                                              "= a vLLM engine in the serving environment on train.target.path")
     max_new_tokens: int = opt(64, "tokens generated per prompt", min=1)
     batch_size: int = opt(32, "prompts per generate() call", min=1)
     heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ", min=0)
@@ -62,110 +65,22 @@ def demo_data_dir() -> Path:
 def demo_config_path() -> Path: return demo_data_dir() / "demo.yaml"
 
 # %% ../nbs/11_train.ipynb #930bcc57
-def read_prompts(path) -> list[list[dict]]:
-    "Prompts of a JSONL file as chat message lists (`{prompt: str}`, or `{messages: [...]}` without the last answer)."
-    out = []
-    for i, line in enumerate(Path(path).read_text().splitlines()):
-        if not line.strip(): continue
-        r = json.loads(line)
-        if "messages" in r:
-            m = [x for x in r["messages"]]
-            if m and m[-1].get("role") == "assistant": m = m[:-1]
-            out.append(m)
-        elif "prompt" in r: out.append([{"role": "user", "content": r["prompt"]}])
-        else: raise ValueError(f"{path}:{i + 1}: expected a `prompt` or `messages` field")
-    return out
-
-def _first_diff(a: list, b: list) -> int:
-    "Index of the first position where `a` and `b` differ (the shorter length when one is a prefix of the other)."
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-@torch.inference_mode()
-def _greedy_prefix(target, prompt_ids: list[int], gen: list[int]) -> int:
-    "How many leading tokens of `gen` are the argmax of one batch-1 forward over prompt + gen (the verifier's view)."
-    if not gen: return 0
-    dev = next(target.parameters()).device
-    ids = torch.tensor([prompt_ids + gen], device=dev)
-    logits = target(input_ids=ids, logits_to_keep=len(gen) + 1).logits[0, :-1]   # predictions of gen[0..]
-    return _first_diff(logits.argmax(-1).tolist(), gen)
-
-def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], gen: list[int], eot: list[int]):
-    "(text, n): the longest gen[:n] whose decoded text the data pipeline tokenizes back to prompt_ids + gen[:n] + eot."
-    from dflash_nb.records import normalize_record, RecordError
-    for _ in range(8):                     # a cut can change the last word's tokens again: repeat until stable
-        text = tokenizer.decode(gen, skip_special_tokens=False)
-        enc = encoder.encode([normalize_record({"messages": prompt + [{"role": "assistant", "content": text}]})])[0]
-        if isinstance(enc, RecordError): raise enc
-        ids = enc.ids.tolist()
-        if ids[:enc.lo] != prompt_ids:
-            raise ValueError("the data pipeline renders this prompt differently from the prompt given to the target")
-        span = ids[enc.lo:enc.hi]
-        n = _first_diff(span, gen)
-        if n == len(gen) and span[n:] == eot: return text, n
-        gen = gen[:min(n, len(gen) - 1)]
-    return "", 0
-
 @contextlib.contextmanager
-def float32_on_cpu(model):
-    "Inside the block `model` computes in float32 if it lives on the CPU; every parameter and buffer is restored after."
-    if next(model.parameters()).device.type != "cpu":
-        yield model
+def regen_engine(cfg: RunConfig, target):
+    "What generates the completions: None for `regenerate.engine: hf` (the loaded target), else a vLLM engine."
+    if cfg.regenerate.engine == "hf":
+        yield None
         return
-    held = [(m, k, t.data) for m in model.modules() for k, t in (*m._parameters.items(), *m._buffers.items())
-            if t is not None]                      # the tensors themselves: restoring them is exact, not a re-cast
-    model.float()
-    try: yield model
-    finally:
-        for m, k, data in held:
-            if k in m._parameters: m._parameters[k].data = data
-            else: m._buffers[k] = data
-
-@torch.inference_mode()
-def regenerate(target, tokenizer, prompts: list[list[dict]], out_path, max_new_tokens: int = 64, batch_size: int = 32,
-               data_cfg: DataConfig | None = None) -> dict:
-    "Complete each prompt greedily with the target; write chat JSONL that tokenizes to exactly prompt + target tokens."
-    with float32_on_cpu(target):     # exact greedy tokens, at no cost on a CPU (see above)
-        return _complete_and_check(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg)
-
-def _complete_and_check(target, tokenizer, prompts, out_path, max_new_tokens, batch_size, data_cfg) -> dict:
-    "`regenerate`'s work: batched greedy completions, each checked by a batch-1 forward and the text round trip."
-    from dflash_nb.records import ChatRenderer, SampleEncoder
-    data_cfg = data_cfg or DataConfig()
-    renderer = ChatRenderer(tokenizer, data_cfg.enable_thinking, data_cfg.end_of_turn, data_cfg.chat_template_kwargs)
-    encoder = SampleEncoder(tokenizer, data_cfg)
-    eot = tokenizer(renderer.end_of_turn, add_special_tokens=False)["input_ids"]   # the data pipeline's end of turn
-    dev = next(target.parameters()).device
-    texts = [renderer.render(p, add_generation_prompt=True) for p in prompts]
-    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eot[-1]
-    order = sorted(range(len(enc)), key=lambda i: len(enc[i]))   # similar lengths per batch: little padding
-    gens = [None] * len(enc)
-    from dflash_nb.progress import progress
-    batches = range(0, len(order), batch_size)
-    for b in progress(batches, desc=f"regenerate {Path(out_path).name} (generating)", unit="batches"):
-        idx = order[b:b + batch_size]
-        T = max(len(enc[i]) for i in idx)
-        ids = torch.tensor([[pad] * (T - len(enc[i])) + enc[i] for i in idx], device=dev)
-        mask = torch.tensor([[0] * (T - len(enc[i])) + [1] * len(enc[i]) for i in idx], device=dev)
-        out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                              temperature=None, top_p=None, top_k=None, pad_token_id=pad, eos_token_id=eot[-1])
-        for j, i in enumerate(idx): gens[i] = out[j, T:].tolist()
-    stats = dict(prompts=len(prompts), generated=0, kept=0, cut_by_verify=0, cut_by_round_trip=0)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as f:
-        for p, e, g in progress(zip(prompts, enc, gens), total=len(prompts),
-                                desc=f"regenerate {out_path.name} (checking)", unit="completions"):
-            if eot[-1] in g: g = g[:g.index(eot[-1])]     # the end of turn is added back by the template
-            stats["generated"] += len(g)
-            n = _greedy_prefix(target, e, g)
-            stats["cut_by_verify"] += n < len(g)
-            g = g[:n]
-            text, n = _round_trip(encoder, tokenizer, p, e, g, eot)
-            stats["cut_by_round_trip"] += n < len(g)
-            stats["kept"] += n
-            f.write(json.dumps({"messages": p + [{"role": "assistant", "content": text}]}, ensure_ascii=False) + "\n")
-    return dict(path=out_path, **stats)
+    from dflash_nb.config import scratch_dir
+    from dflash_nb.serving import VLLMEngine
+    path = cfg.train.target.path
+    if path is None:                     # the tiny target: vLLM loads a checkpoint, so it is written as one
+        path = scratch_dir("dflash_nb-target-")
+        target.save_pretrained(path)
+    p = next(target.parameters())
+    dtype = "float32" if p.device.type == "cpu" else str(p.dtype).removeprefix("torch.")   # as `regenerate` computes
+    with VLLMEngine(str(path), dtype=dtype, seed=cfg.train.seed, tokenizer=str(tokenizer_dir(cfg.train.target))) as e:
+        yield e
 
 # %% ../nbs/11_train.ipynb #18f62b2f
 def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
@@ -228,6 +143,9 @@ def check_run(cfg: RunConfig):
     tokenizer = load_tokenizer(tokenizer_dir(tc.target))
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
+    if rg.prompts and rg.engine == "vllm":
+        from dflash_nb.serving import serving_python
+        serving_python()                    # a Python with vLLM to regenerate with, before the target is loaded
     if cfg.inputs: list_inputs(cfg.inputs, cfg.data)          # every input is there (a glob matches, a prefix lists)
     elif not rg.prompts:
         if not tc.data_dir:
@@ -298,16 +216,18 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
         gen = run_dir / "generated"
         key = generation_key(cfg, path)
         if reuse_generated(key, gen, [run_dir, *reuse_from], log) is None:
-            with cpu_threads(rg.threads):   # small per-token ops: one thread can beat two (configs/demo.yaml)
+            # small per-token ops: one thread can beat two (configs/demo.yaml); one engine for both files
+            with cpu_threads(rg.threads), regen_engine(cfg, target) as engine:
                 rt = regenerate(target, tokenizer, trainp, gen / "train.jsonl", rg.max_new_tokens, rg.batch_size,
-                                cfg.data)
+                                cfg.data, engine)
                 if held:
                     rh = regenerate(target, tokenizer, held, gen / "heldout.jsonl", rg.max_new_tokens, rg.batch_size,
-                                    cfg.data)
+                                    cfg.data, engine)
             counted = ("generated", "kept", "cut_by_verify", "cut_by_round_trip")
             st = {k: rt[k] + (rh[k] if held else 0) for k in counted}
             save_generated(key, gen, ["train.jsonl"] + (["heldout.jsonl"] if held else []), st)
-            log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target in "
+            log(f"regenerated {len(trainp)} + {len(held)} held-out completions with the target "
+                f"{'(vLLM) ' if rg.engine == 'vllm' else ''}in "
                 f"{time.perf_counter() - t0:.1f}s -> {gen}\n"
                 f"  kept {st['kept']} of {st['generated']} generated tokens (exact token round trip; "
                 f"{st['cut_by_round_trip']} completions cut where the text re-tokenizes differently, "
@@ -399,7 +319,8 @@ def _where(r: dict) -> str:
 def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
     # ValueError: shapes that do not fit the target, an unknown architecture, ...
-    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError,))
+    from dflash_nb.regen import serving_errors
+    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()))
 
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception):  # progress reaches log files as it happens

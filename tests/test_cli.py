@@ -21,6 +21,7 @@ def files(tmp_path):
     run.mkdir()
     (run / "config.yaml").write_text(BAD_YAML)
     (tmp_path / "not.gguf").write_bytes(b"GGUX" + bytes(60))
+    (tmp_path / "q.jsonl").write_text(json.dumps({"prompt": "Name a prime number."}) + "\n")
     return tmp_path
 
 
@@ -49,6 +50,11 @@ CASES = [
      "{d}/bad.yaml: not valid YAML: "),
     ("evaluate", "bad override", EVAL + ["--num-samples", "-1"], "--num-samples: must be >= 0, got -1"),
     ("evaluate", "stray key=value", ["steps=2"] + EVAL, "unrecognized arguments: steps=2"),
+    ("evaluate", "unknown engine", EVAL + ["--engine", "sglang"], "argument --engine: invalid choice: 'sglang'"),
+    ("evaluate", "vllm without prompts", ["--drafter", "{d}/drafter", "--target", "tiny", "--data", "{d}/data",
+                                          "--engine", "vllm"], "--engine vllm: needs --prompts"),
+    ("evaluate", "vllm, no target dir", ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/q.jsonl",
+                                         "--engine", "vllm"], "--engine vllm: --target tiny: not a model directory"),
     ("export", "bad flag", EXPORT + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
     ("export", "missing file", ["--checkpoint", "{d}/none", "--out", "{d}/out"], "no checkpoint at {d}/none"),
     ("export", "malformed YAML", EXPORT, "{d}/ckpt/drafter_config.yaml: not valid YAML: "),

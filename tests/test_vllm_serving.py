@@ -1,0 +1,197 @@
+"""vLLM is the judge: a drafter trained here, exported, and served by vLLM (the serving environment `make serving`
+builds) must leave greedy output unchanged and reach, by vLLM's own counters, the acceptance length dflash_nb measures
+on the same prompts (`prompt_set_tau`, what `dflash-eval --prompts` reports): token ids in on both sides, the same
+budget and stop ids. All-full and all-sliding drafters are served on this CPU; a drafter mixing the two needs vLLM's V2
+model runner, which needs a GPU Triton, and vLLM says so.
+
+The all-full export is judged through `dflash-eval --engine vllm` (its JSON holds dflash_nb's τ and histogram next
+to vLLM's counters), the all-sliding one by an engine of its own. Cost: one short training run (~1 min), three engines
+started at once (plain, sliding, the refused mixed one) and the console script's two, ~30 s each on an idle machine."""
+import dataclasses, json, os, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+import pytest, torch
+
+from _serving_common import served_target, write_served_target
+from dflash_nb.anchors import anchor_block_labels, block_input_ids, block_position_ids, make_packed_row, sample_anchors
+from dflash_nb.attention import AnchorBlockLayout
+from dflash_nb.evaluate import prompt_set_tau
+from dflash_nb.export import export_drafter, load_exported_drafter
+from dflash_nb.loss import block_loss
+from dflash_nb.model import DFlashDrafter, DrafterConfig, resolve_mask_token_id
+from dflash_nb.prompts import (MAX_PROMPT_RECORD_BYTES, read_prompt_specs,
+                               render_prompts)
+from dflash_nb.records import load_tokenizer, qwen3_tokenizer_dir
+from dflash_nb.serving import ServingError, VLLMEngine
+from dflash_nb.target import TargetFeatures
+
+pytestmark = pytest.mark.slow
+
+B, N_NEW, STEPS, WINDOW = 4, 32, 80, 8   # block size, new tokens per prompt, training steps, the sliding layers' window
+WORDS = ("the a of to and in is that it for on with as was at by an be this from or have not are but cat dog house "
+         "river code model token block draft target speed light water stone music paper").split()
+
+
+def prompt_file(path, n=12, seed=0):
+    "A JSONL prompt file of `n` user prompts of 8-16 words (fixed seed), as `dflash-eval --prompts` reads them."
+    g = torch.Generator().manual_seed(seed)
+    lines = []
+    for _ in range(n):
+        k = int(torch.randint(8, 17, (1,), generator=g))
+        words = [WORDS[int(i)] for i in torch.randint(len(WORDS), (k,), generator=g)]
+        lines.append(json.dumps({"prompt": " ".join(words)}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def rendered(path, tok) -> list[list[int]]:
+    "The prompts of `path` as token ids, rendered with the chat template exactly as `dflash-eval --prompts` does."
+    pf = read_prompt_specs([str(path)], None, MAX_PROMPT_RECORD_BYTES)[path.name]
+    return [p.tolist() for p in render_prompts(pf, tok)]
+
+
+def train(target, cfg, samples, steps=STEPS, lr=1e-2):
+    "A plain training loop: the drafter learns the target's own greedy continuations of the prompts."
+    tf = TargetFeatures(target, cfg.target_layer_ids)
+    rows = [make_packed_row(samples[i:i + 6]) for i in range(0, len(samples), 6)]
+    feats = [tf(r["input_ids"], r["doc_ids"]) for r in rows]
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(cfg, tf.embed_tokens, tf.lm_head)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(steps):
+        row, f = rows[i % len(rows)], feats[i % len(rows)]
+        anchors, keep = sample_anchors(row["loss_mask"], row["doc_ids"], B, 16, generator=gen)
+        labels, valid = anchor_block_labels(row["input_ids"], row["loss_mask"], row["doc_ids"], anchors, keep, B)
+        hidden = drafter(f, row["position_ids"], block_input_ids(row["input_ids"], anchors, keep, B, cfg.mask_token_id),
+                         block_position_ids(row["position_ids"], anchors, B),
+                         AnchorBlockLayout(anchors, keep, row["doc_ids"], B), backend="sdpa")
+        loss = block_loss(hidden, tf.lm_head.weight, labels, valid).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return drafter.eval()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    "The target dir, the prompts, their greedy continuations, and one trained drafter exported in three layouts."
+    torch.set_num_threads(1)
+    t0, root = time.perf_counter(), tmp_path_factory.mktemp("vllm")
+    tok, target = load_tokenizer(qwen3_tokenizer_dir()), served_target()
+    target_dir = write_served_target(root / "target", target)
+    pfile = prompt_file(root / "prompts.jsonl")
+    ps, stop = rendered(pfile, tok), [int(target.config.eos_token_id)]   # the stop ids dflash-eval uses for it
+    with torch.no_grad():
+        greedy = [target.generate(torch.tensor([p]), max_new_tokens=N_NEW, do_sample=False, eos_token_id=stop,
+                                  pad_token_id=stop[0])[0, len(p):].tolist() for p in ps]
+    samples = [dict(input_ids=p + c, loss_mask=[0] * len(p) + [1] * len(c)) for p, c in zip(ps, greedy)]
+    cfg = DrafterConfig.from_target(target.config, num_hidden_layers=2, target_layer_ids=[1, 2], block_size=B,
+                                    mask_token_id=resolve_mask_token_id(tok, target.config.vocab_size))
+    state = train(target, cfg, samples).trainable_state_dict()
+    layouts = {"full": ["full", "full"], "sliding": ["sliding", "sliding"], "mixed": ["sliding", "full"]}
+    exports = {name: export_drafter(state, dataclasses.replace(cfg, layer_types=kinds, sliding_window=WINDOW),
+                                    root / name) for name, kinds in layouts.items()}
+    print(f"target, greedy references, training and exports: {time.perf_counter() - t0:.0f} s")
+    return dict(target=target, target_dir=target_dir, prompt_file=pfile, prompts=ps, greedy=greedy, stop=stop,
+                exports=exports, root=root)
+
+
+def ours(served, name) -> dict:
+    "dflash_nb's τ on the prompts, as `dflash-eval --prompts` computes it, for the export `name` loaded back."
+    t = served["target"]
+    drafter = load_exported_drafter(served["exports"][name], t.get_input_embeddings(), t.get_output_embeddings())
+    return prompt_set_tau(drafter, t, [torch.tensor(p) for p in served["prompts"]], (0.0,), N_NEW, B,
+                          stop_token_ids=served["stop"])[0.0]
+
+
+def start(served, name):
+    "A vLLM engine for the target, with the export `name` as its drafter (None: without); the error if it refuses."
+    try: return VLLMEngine(served["target_dir"], name and served["exports"][name], max_model_len=256)
+    except ServingError as e: return e
+
+
+@pytest.fixture(scope="module")
+def runs(served):
+    "vLLM's greedy outputs and counters without a drafter, with the sliding export, and the mixed one's refusal."
+    t0, out, names = time.perf_counter(), {}, (None, "sliding", "mixed")
+    with ThreadPoolExecutor(3) as pool:   # started at once: most of a start is importing vLLM
+        engines = dict(zip(names, pool.map(lambda name: start(served, name), names)))
+    for name, engine in engines.items():
+        if isinstance(engine, ServingError):
+            out[name] = engine
+            continue
+        with engine:
+            r = engine.generate(served["prompts"], N_NEW, stop_token_ids=served["stop"])
+            out[name or "plain"] = dict(outputs=r["outputs"], spec=engine.spec_metrics())
+    print(f"vLLM engines {names}: {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli(served):
+    "`dflash-eval --engine vllm` on the all-full export, through the console script: its stdout and its JSON cell."
+    out = served["root"] / "eval.json"
+    cmd = [str(Path(sys.executable).with_name("dflash-eval")), "--engine", "vllm",
+           "--drafter", str(served["exports"]["full"]), "--target", str(served["target_dir"]),
+           "--prompts", str(served["prompt_file"]), "--max-new-tokens", str(N_NEW), "--json", str(out)]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    print(f"dflash-eval --engine vllm: {time.perf_counter() - t0:.0f} s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return dict(stdout=r.stdout, cell=json.loads(out.read_text())["prompt_sets"]["prompts.jsonl"]["0"])
+
+
+def test_vllm_greedy_is_the_targets_greedy_with_and_without_the_drafter(served, runs, cli):
+    assert runs["plain"]["outputs"] == served["greedy"]                  # vLLM's target is transformers' target
+    assert runs["plain"]["spec"] is None
+    assert runs["sliding"]["outputs"] == runs["plain"]["outputs"]        # lossless: the drafter changes no token
+    v = cli["cell"]["vllm"]
+    assert v["identical"] == v["prompts"] == len(served["prompts"])     # the full export, compared by dflash-eval
+
+
+def accepted_at_least(hist) -> list[int]:
+    "From a histogram of accepted + 1 (index 0: nothing accepted): cycles whose accepted prefix reached slot k = 1.."
+    return [sum(hist[k:]) for k in range(1, len(hist))]
+
+
+@pytest.mark.parametrize("name", ["full", "sliding"])
+def test_vllm_acceptance_equals_dflash_nb_tau(served, runs, cli, name):
+    "vLLM's counters against dflash_nb's τ: for the full export both as dflash-eval reports them, side by side."
+    if name == "full": spec, mine = cli["cell"]["vllm"], cli["cell"]
+    else: spec, mine = runs[name]["spec"], ours(served, name)
+    tau = 1 + spec["accepted"] / spec["drafts"]
+    msg = (f"{name}: vLLM τ {tau:.4f} ({spec['drafts']} drafts, {spec['accepted']} accepted, per position "
+           f"{spec['accepted_per_pos']}), dflash_nb τ {mine['tau']:.4f} ({mine['cycles']} cycles, "
+           f"histogram {mine['histogram']})")
+    print(msg)
+    assert spec["accepted"] > 0 and mine["tau"] > 1.0, msg                  # the drafter drafts something accepted
+    assert abs(tau - mine["tau"]) <= 0.02 * mine["tau"], msg
+    assert abs(spec["drafts"] - mine["cycles"]) <= 0.02 * mine["cycles"], msg
+    for k, (theirs, mine_k) in enumerate(zip(spec["accepted_per_pos"], accepted_at_least(mine["histogram"])), 1):
+        assert abs(theirs - mine_k) <= max(2, 0.05 * mine_k), f"slot {k}: vLLM {theirs}, dflash_nb {mine_k}; {msg}"
+
+
+def test_the_sliding_window_matters_here(served, runs, cli):
+    "The sliding variant is not the full one in disguise: the window is shorter than the sequences, τ differs."
+    assert max(len(p) for p in served["prompts"]) + N_NEW > 2 * WINDOW
+    full = {k: cli["cell"]["vllm"][k] for k in ("drafts", "accepted", "accepted_per_pos")}
+    assert {k: runs["sliding"]["spec"][k] for k in full} != full
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU with Triton vLLM's V2 model runner serves this layout")
+def test_a_mixed_layout_needs_vllms_v2_runner_which_this_cpu_lacks(runs):
+    e = runs["mixed"]
+    assert isinstance(e, ServingError), e
+    assert "mixed sliding/full dflash drafts" in str(e) and "\n" not in str(e), str(e)
+    assert any("Model Runner V2 requires Triton" in line for line in e.log), e.log[-5:]
+
+
+def test_dflash_eval_engine_vllm_reports_vllm_next_to_dflash_nb(cli):
+    "`dflash-eval --engine vllm`: vLLM's τ and speed-up next to dflash_nb's, in the tables and the JSON."
+    assert "vLLM τ @ T=0" in cli["stdout"] and "speed-up @ T=0" in cli["stdout"], cli["stdout"]
+    cell, v = cli["cell"], cli["cell"]["vllm"]
+    assert cell["vllm_tau"] == v["tau"] == pytest.approx(1 + v["accepted"] / v["drafts"])
+    assert cell["vllm_speedup"] == pytest.approx(v["tokens_per_s"] / v["plain_tokens_per_s"])
+    assert v["per_position"] == pytest.approx([c / v["drafts"] for c in v["accepted_per_pos"]])
+    assert len(v["accepted_per_pos"]) == B - 1 and v["tokens"] > 0 and v["plain_tokens_per_s"] > 0
