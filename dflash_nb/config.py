@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #578e8fd3
 from __future__ import annotations
-import dataclasses, math, traceback, types, typing, yaml, sys
+import contextlib, dataclasses, math, re, traceback, types, typing, yaml, sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
@@ -58,13 +58,19 @@ def _check_shape(doc, source: str):
         stack.extend((c, depth + 1) for c in children)
     return doc
 
+class _Loader(yaml.SafeLoader):
+    "PyYAML's safe loader, except that `1e-5` (an exponent without a dot) is a float, as in YAML 1.2 and JSON."
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
 def parse_document(text: str, source: str, fmt: str = "yaml"):
     "Parse `text` (`fmt` 'yaml' or 'json') within the size, depth and alias limits; failures name `source`."
     import json
     if len(text) > MAX_DOC_BYTES:
         raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
     if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
-    try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    try: doc = json.loads(text) if fmt == "json" else yaml.load(text, Loader=_Loader)
     except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
@@ -86,6 +92,8 @@ def read_document(path, fmt: str | None = None):
 
 # %% ../nbs/00_config.ipynb #f341c0c3
 def _type_name(tp) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -145,7 +153,10 @@ def _coerce(value, tp, key: str):
             try:
                 return int(value)
             except ValueError:
-                pass
+                with contextlib.suppress(ValueError):  # YAML 1.1 reads 1e7 as text: a whole number all the same
+                    value = float(value)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -158,7 +169,7 @@ def _coerce(value, tp, key: str):
         if isinstance(value, str):
             return value
     elif tp is Path:
-        if isinstance(value, (str, Path)):
+        if isinstance(value, (str, Path)) and str(value).strip():  # Path("") would be the current directory
             return Path(value)
     elif isinstance(tp, type) and isinstance(value, tp):
         return value
@@ -203,6 +214,32 @@ def _out_of_range(x, m: dict) -> str | None:
     return None
 
 
+def _nonfinite_in(v, key: str) -> tuple | None:
+    "(dotted key, value) of the first inf or nan float anywhere inside a dict or list value (None: all finite)."
+    stack = [(v, key)]
+    while stack:
+        node, k = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node): return k, node
+        if isinstance(node, dict): stack.extend((x, f"{k}.{n}") for n, x in node.items())
+        elif isinstance(node, (list, tuple)): stack.extend((x, f"{k}[{i}]") for i, x in enumerate(node))
+    return None
+
+
+def _typed_keys(v: dict, schema, key: str) -> dict:
+    "The dict field `v` with each value typed by its key's schema: a dataclass's field types, or a {name: type} map."
+    if is_dataclass(schema):
+        typed = from_dict(schema, v, key + ".")  # keys, types and ranges of the section it feeds
+        return {k: getattr(typed, k) for k in v}
+    if isinstance(schema, dict):
+        return {k: _coerce(x, schema[k], f"{key}.{k}") if k in schema else x for k, x in v.items()}
+    return v
+
+
+def _empty_text(v, f) -> bool:
+    "A blank text where the default is not one: a path or a name left out (`run_dir=` would mean the current dir)."
+    return isinstance(v, str) and not v.strip() and f.default != ""
+
+
 def validate_config(cfg, prefix: str = ""):
     "Check every field of `cfg`, nested sections included, against its `opt` ranges, `keys` and `check`; returns `cfg`."
     fs = [(f, getattr(cfg, f.name), prefix + f.name) for f in fields(cfg)]
@@ -212,18 +249,22 @@ def validate_config(cfg, prefix: str = ""):
             continue
         if v is None:
             continue
+        if _empty_text(v, f):
+            raise ConfigError(f"{key}: empty; give a value (or null where none is allowed), got {str(v)!r}")
+        if isinstance(v, dict) and (bad := _nonfinite_in(v, key)):   # a rope factor or an init std nested in a dict
+            raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]!r}")
         for i, x in enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]:
             if why := _out_of_range(x, f.metadata):
                 raise ConfigError(f"{key}{'' if i is None else f'[{i}]'}: {why}, got {x!r}")
         if "keys" in f.metadata and isinstance(v, dict):
             schema = f.metadata["keys"]()
-            if is_dataclass(schema):
-                from_dict(schema, v, key + ".")  # keys, types and ranges of the section it feeds
-            elif unknown := sorted(set(v) - set(schema), key=str):
+            if not is_dataclass(schema) and (unknown := sorted(set(v) - set(schema), key=str)):
                 raise ConfigError(
                     f"unknown config key {key}.{unknown[0]!s}{_did_you_mean(unknown[0], schema)} "
                     f"(known keys of {key}: {', '.join(sorted(schema))})"
                 )
+            setattr(cfg, f.name, v := _typed_keys(v, schema, key))  # a float key never keeps a text ('2e-2')
+            if bad := _nonfinite_in(v, key): raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]!r}")
     for f, v, key in fs:  # rules across fields, once each field is sound
         if "check" in f.metadata and (why := f.metadata["check"](v, cfg)):
             raise ConfigError(f"{key}: {why}, got {v!r}")

@@ -77,7 +77,7 @@ class DrafterConfig:
         None, "max positions, used by some RoPE scalings (None: the target's)", min=1
     )
     rms_norm_eps: Optional[float] = opt(None, "RMSNorm epsilon (None: the target's)", gt=0)
-    initializer_range: float = opt(0.02, "std of the normal init of the drafter's linear layers", min=0)
+    initializer_range: float = opt(0.02, "std of the normal init of the drafter's linear layers", min=0, max=1)
     block_size: int = opt(16, "draft block size B (anchor + B-1 predicted tokens)", min=2)
     num_target_features: int = opt(5, "n_t, target layers tapped when target_layer_ids is None", min=1)
     target_layer_ids: Optional[list[int]] = opt(

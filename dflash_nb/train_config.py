@@ -14,14 +14,18 @@ from .checkpoint import CheckpointConfig, FaultConfig
 __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'lr_factor']
 
 # %% ../nbs/08_train_config.ipynb #f08506f4
-def _tiny_keys():
-    "Keyword arguments of `tiny_target` a config may set: its own and its transformers configs' fields."
+def _tiny_keys() -> dict:
+    "Keyword arguments of `tiny_target` a config may set, its own and its transformers configs' fields: {name: type}."
     import inspect
+    from typing import Any
     from transformers import Qwen3Config, Qwen3_5TextConfig, LlamaConfig
     from dflash_nb.target import tiny_target
-    own = [p for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD]
-    hf = set().union(*(c().to_dict() for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig)))
-    return sorted(set(own) | {k for k in hf if not k.startswith("_") and k not in ("dtype", "transformers_version")})
+    kind = lambda v: Optional[type(v)] if type(v) in (int, float, bool, str) else Any  # typed as the default is
+    hf = {k: kind(v) for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig) for k, v in c().to_dict().items()
+          if not k.startswith("_") and k not in ("dtype", "transformers_version")}
+    own = {p: kind(v.default) if v.default is not None else Optional[float]
+           for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD}
+    return dict(sorted({**hf, **own}.items()))
 
 def _drafter_schema():
     "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
