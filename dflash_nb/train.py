@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
 from .records import DataConfig
-from dflash_nb.build import (
+from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
-    precision_line)
+    precision_line, check_sizes)
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
@@ -333,6 +333,7 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     distributed = init_distributed(drafter_device)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
     tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
+    check_sizes(tc, target_device, drafter_device)   # and every size, before anything is allocated
     run_dir.mkdir(parents=True, exist_ok=True)
     log = print if rank == 0 else (lambda *a, **k: None)
     report = {"run_dir": str(run_dir)}

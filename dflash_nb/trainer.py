@@ -25,7 +25,7 @@ from .shards import check_template   # refuses data made with another chat templ
 from .build import (   # chapter Build: devices, precision, the target and the drafter
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
-    drafter_autocast, precision, precision_line, pick_backend)
+    drafter_autocast, precision, precision_line, pick_backend, check_sizes)
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
 
 
@@ -186,6 +186,7 @@ def build_run(cfg: TrainConfig,
     stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
     data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
+    check_sizes(cfg, target_device, drafter_device, target)   # sizes that cannot fit: one line, before allocating
     if target is None: target = build_target(cfg.target, target_device)
     else: target = target.to(target_device).eval().requires_grad_(False)
     check_drafter_memory(cfg, target, drafter_device)   # sizes that cannot fit: one line, before any drafter tensor
