@@ -4,15 +4,16 @@
 
 # %% ../nbs/00_config.ipynb #578e8fd3
 from __future__ import annotations
-import contextlib, dataclasses, math, re, traceback, types, typing, yaml, sys
+import contextlib, dataclasses, math, re, time, traceback, types, typing, yaml, sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
-           'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as', 'disk_full', 'run_cli',
-           'CliParser', 'scratch_dir']
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'ExpectedError', 'ConfigError', 'opt',
+           'parse_document', 'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override',
+           'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
+           'disk_full', 'run_cli', 'CliParser', 'Terminated', 'exit_after', 'disarm_watchdogs', 'sigterm_raises',
+           'scratch_dir']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -470,13 +471,18 @@ def disk_full(err: BaseException) -> bool:
 
 def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
     """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
-    gives 2; a bug raises; `--debug` also prints the traceback."""
+    gives 2; SIGTERM, one line and 143; a bug raises; `--debug` also prints the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     prog = invoked_as(prog)
     try:
-        rc = main(argv)
+        with sigterm_raises():
+            rc = main(argv)
+    except Terminated as err:   # exit 143 as a killed process, one line like any refusal
+        disarm_watchdogs()
+        print(f"{prog}: {error_line(err)}", file=sys.stderr)
+        return 143
     except Exception as err:
         full = disk_full(err)
         if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, *expected)):
@@ -506,6 +512,45 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ConfigError(f"{message} (see --help)")
+
+# %% ../nbs/00_config.ipynb #5f717655
+class Terminated(BaseException):
+    "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
+
+SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
+
+_WATCHDOGS = []   # the armed watchdogs' stop events
+
+def exit_after(grace: float, why: str):
+    "A daemon thread that ends the process (exit 143) after `grace` seconds: stopping must not wait on a stuck call."
+    import os, threading
+    stop = threading.Event()
+    def watchdog():
+        if stop.wait(grace): return          # the command unwound in time
+        print(f"{why}; still running {grace:.0f}s after SIGTERM: exiting now", file=sys.stderr, flush=True)
+        os._exit(143)
+    _WATCHDOGS.append(stop)
+    threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
+
+def disarm_watchdogs():
+    "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
+    while _WATCHDOGS: _WATCHDOGS.pop().set()
+
+def _on_sigterm(signum, frame):
+    exit_after(SIGTERM_GRACE_S, "SIGTERM")
+    raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
+
+@contextlib.contextmanager
+def sigterm_raises():
+    "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try: yield
+    finally: signal.signal(signal.SIGTERM, old)
+
 
 # %% ../nbs/00_config.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:

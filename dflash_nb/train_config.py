@@ -104,6 +104,8 @@ class TrainConfig:
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard "
                                    "(run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
+    sigterm_wait_s: float = opt(60.0, "after SIGTERM, how long the step in progress may take to reach its boundary "
+                                      "(checkpointed there); past it the step is abandoned and the run exits", gt=0)
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), "
                                       "s3://bucket/prefix, or 'auto' (this run_dir if it has one)")

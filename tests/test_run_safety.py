@@ -1,0 +1,156 @@
+"""Runs that cannot go wrong quietly: every size is checked before it is allocated, overrides are typed by their field,
+SIGTERM stops a command within a bounded time in any phase, and nothing non-finite leaves with exit 0. Real CLIs
+(in-process where no signal is involved), real subprocesses for SIGTERM, real tiny models."""
+import contextlib, io, json, math, signal, subprocess, sys, time
+from pathlib import Path
+import pytest, torch, yaml
+from _trainer_common import make_data, train_cfg, train_dict, write_run_config, env, REPO
+from dflash_nb.config import load_config, ConfigError
+from dflash_nb.train import RunConfig, main as train_main
+from dflash_nb.trainer import train, NonFiniteError
+
+
+def cli(main, argv) -> tuple[int, str]:
+    "(exit code, stderr) of an in-process CLI call."
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()): rc = main(argv)
+    return rc, err.getvalue()
+
+
+@pytest.mark.parametrize("override, value", [
+    ("train.drafter.initializer_range=2e-2", 0.02), ("train.drafter.rms_norm_eps=1e-5", 1e-5),
+    ("train.drafter.rope_theta=1e6", 1e6), ("train.optim.eps=1e-9", 1e-9), ("train.gamma=7e0", 7.0),
+    ("train.target.tiny.initializer_range=4e-2", 0.04), ("train.target.tiny.rms_norm_eps=1e-5", 1e-5),
+    ("train.target.tiny.hidden_size=64.0", 64), ("train.steps=1e3", 1000), ("train.drafter.block_size=8.0", 8)])
+def test_overrides_typed_by_their_field(override, value):
+    "A float field gets a float and an int field a whole number, whatever YAML 1.1 would have read (text for 2e-2)."
+    cfg = load_config(RunConfig, None, [override])
+    key = override.split("=")[0].split(".")
+    node = cfg
+    for k in key: node = node[k] if isinstance(node, dict) else getattr(node, k)
+    assert node == value and type(node) is type(value), (node, type(node))
+
+
+@pytest.mark.parametrize("override, says", [
+    ("train.drafter.initializer_range=1e300", "train.drafter.initializer_range: must be <= 1"),
+    ("train.drafter.rope_scaling={rope_type: yarn, factor: .inf}", "train.drafter.rope_scaling.factor: must be a finite"),
+    ("train.drafter.rope_scaling={rope_type: yarn, factor: 1e400}", "train.drafter.rope_scaling.factor: must be a finite"),
+    ("train.target.tiny.rope_parameters={rope_theta: .nan}", "tiny.rope_parameters.rope_theta: must be a finite"),
+    ("train.target.tiny.init_std=inf", "train.target.tiny.init_std: must be a finite"),
+    ("train.drafter.rms_norm_eps=.inf", "train.drafter.rms_norm_eps: must be a finite"),
+    ("train.target.tiny.hidden_size=1.5", "train.target.tiny.hidden_size: expected int"),
+    ("train.target.tiny.num_layers=x", "train.target.tiny.num_layers: expected int"),
+    ("train.run_dir=", "train.run_dir: empty"), ("train.data_dir=", "train.data_dir: empty"),
+    ("train.resume=", "train.resume: empty"), ("train.init_from= ", "train.init_from: empty"),
+    ("train.target.path=", "train.target.path: empty"), ("regenerate.prompts=", "regenerate.prompts: empty")])
+def test_meaningless_values_refused(tmp_path, monkeypatch, override, says):
+    "Through the CLI: one line, exit 2, nothing written (not even the run dir, nor a file in the current directory)."
+    monkeypatch.chdir(tmp_path)
+    rc, err = cli(train_main, [override, f"train.run_dir={tmp_path / 'run'}"] if "run_dir" not in override else [override])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("override, says", [
+    ("train.target.tiny.hidden_size=1e7", "hidden_size=10000000"),
+    ("train.target.tiny.vocab_size=1e9", "vocab_size=1000000000"),
+    ("train.target.tiny.num_layers=1e8", "num_hidden_layers=100000000"),
+    ("train.target.tiny.intermediate_size=1e10", "intermediate_size=10000000000"),
+    ("train.global_batch=1e9", "rows of one step (global_batch=1000000000"),
+    ("train.max_anchors=1e9", "max_anchors=1000000000"),
+    ("train.drafter.num_hidden_layers=1e7", "drafter.num_hidden_layers=10000000"),
+    ("train.drafter.mask_token_id=1000000000", "train.drafter.mask_token_id=1000000000 is not a token id"),
+    ("train.target.tiny.pad_token_id=1000000000", "train.target.tiny.pad_token_id=1000000000 is not a token id"),
+    ("train.target.tiny.eos_token_id=-1", "train.target.tiny.eos_token_id=-1 is not a token id"),
+    ("train.target.tiny.vocab_size=1000", "pad_token_id=151643 is not a token id of the target's vocabulary (0..999)")])
+def test_sizes_checked_before_allocation(tmp_path, override, says):
+    "The demo CLI with one absurd size: one line naming the setting and the figure, exit 2, in seconds, nothing written."
+    t0 = time.perf_counter()
+    rc, err = cli(train_main, [override, f"train.run_dir={tmp_path / 'run'}"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    if "token id" not in says: assert "GiB is available" in err
+    assert not (tmp_path / "run").exists() and time.perf_counter() - t0 < 30
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data") / "train", n=12)
+
+
+def test_every_step_nonfinite_is_not_success(tmp_path, data_dir):
+    "Fewer non-finite steps than max_nonfinite, but every step of the run: it learned nothing, so it stops as a failure."
+    with pytest.raises(NonFiniteError, match="all 3 steps of this run were non-finite"):
+        train(train_cfg(tmp_path / "run", data_dir, steps=3, fault={"nan_loss_steps": [0, 1, 2]}))
+    assert not (tmp_path / "run" / "summary.json").exists()
+    assert not list((tmp_path / "run" / "checkpoints").glob("step-*"))
+
+
+def _popen(args):
+    return subprocess.Popen([sys.executable, "-m", "dflash_nb.train", *args], cwd=REPO, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(proc, text: str, timeout: float) -> list:
+    "Lines of the process's output up to the first that holds `text` (fails after `timeout` s)."
+    lines, t0 = [], time.time()
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line: return lines
+        assert time.time() - t0 < timeout, "".join(lines[-20:])
+    raise AssertionError("exited before: " + "".join(lines[-20:]))
+
+
+def test_sigterm_in_a_step_that_never_ends(tmp_path, data_dir):
+    "A step of 100,000 rows never reaches its boundary: SIGTERM abandons it after train.sigterm_wait_s, exit 143."
+    cfg = write_run_config(tmp_path / "c.yaml", train_dict(tmp_path / "run", data_dir, steps=1, global_batch=100_000,
+                                                           sigterm_wait_s=2, checkpoint={"every": 0}))
+    proc = _popen(["--config", str(cfg)])
+    lines = _wait_for(proc, "training", 120)
+    time.sleep(1)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    took = time.time() - t0
+    assert proc.returncode == 143 and took < 30, (took, out[-2000:])
+    assert "did not finish within 2s" in out.strip().splitlines()[-1]
+    assert not list((tmp_path / "run" / "checkpoints").glob("*"))
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+MINI = {"train": {**train_dict("RUN", None, steps=2), "data_dir": None},
+        "data": {"workers": 1, "enable_thinking": False, "min_loss_tokens": 1, "max_degenerate_fraction": 1.0},
+        "regenerate": {"prompts": "bundled", "max_prompts": 40, "heldout": 2, "max_new_tokens": 48, "batch_size": 4,
+                       "threads": 1},
+        "evaluate": {"num_samples": 2}, "export": True}
+
+
+def test_sigterm_while_regenerating(tmp_path):
+    "SIGTERM while the target generates: exit 143 in seconds, and no half-written completions are left to be reused."
+    d = {**MINI, "train": {**MINI["train"], "run_dir": str(tmp_path / "run")}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    proc = _popen(["--config", str(tmp_path / "c.yaml")])
+    _wait_for(proc, "(generating)", 120)
+    time.sleep(1)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.time() - t0 < 30, out[-2000:]
+    assert "stopped by SIGTERM" in out.strip().splitlines()[-1]
+    gen = tmp_path / "run" / "generated"
+    assert not list(gen.glob("*.jsonl")) if gen.exists() else True
+    assert not (tmp_path / "run" / "data").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["target", "tau_before", "train", "export"])
+def test_sigterm_in_each_phase(tmp_path, phase):
+    "SIGTERM on entering each phase that is not a step: exit 143 with one line, and that phase leaves nothing behind."
+    d = {**MINI, "train": {**MINI["train"], "run_dir": str(tmp_path / "run")},
+         "regenerate": {**MINI["regenerate"], "max_prompts": 8, "max_new_tokens": 8}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(d))
+    p = subprocess.run([sys.executable, "-m", "dflash_nb.train", "--config", str(tmp_path / "c.yaml"),
+                        f"sigterm_in_phase={phase}"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 143 and "stopped by SIGTERM" in p.stderr.strip().splitlines()[-1], p.stderr[-2000:]
+    run = tmp_path / "run"
+    assert not (run / "report.json").exists() and not (run / "drafter").exists()
+    assert not [q for q in run.rglob("*") if ".tmp" in q.name]
