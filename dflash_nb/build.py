@@ -313,7 +313,8 @@ def target_dims(tc: TargetConfig) -> tuple[dict, str]:
     if tc.path is None:
         own = {k: v.default for k, v in inspect.signature(tiny_target).parameters.items() if k != "dtype"}
         t = {**own, **tc.tiny}
-        names = dict(num_hidden_layers="num_layers", num_attention_heads="num_heads", num_key_value_heads="num_kv_heads")
+        names = dict(num_hidden_layers="num_layers", num_attention_heads="num_heads",
+                     num_key_value_heads="num_kv_heads")
         d = {**t, **{hf: t.get(hf, t.get(mine)) for hf, mine in names.items()}}
         d.setdefault("pad_token_id", 151643)        # the tiny target's Qwen3 pad and eos (its config sets them)
         d.setdefault("eos_token_id", 151645)

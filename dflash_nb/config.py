@@ -62,8 +62,8 @@ def _check_shape(doc, source: str):
 class _Loader(yaml.SafeLoader):
     "PyYAML's safe loader, except that `1e-5` (an exponent without a dot) is a float, as in YAML 1.2 and JSON."
 
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                              list("-+0123456789"))
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
 def parse_document(text: str, source: str, fmt: str = "yaml"):
     "Parse `text` (`fmt` 'yaml' or 'json') within the size, depth and alias limits; failures name `source`."
