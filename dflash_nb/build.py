@@ -13,8 +13,8 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['dist_env', 'rank_devices', 'init_distributed', 'cpu_bf16', 'drafter_autocast', 'precision', 'precision_line',
            'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'drafter_lm_head_weight',
-           'warm_start_config', 'load_warm_start', 'check_drafter_memory', 'target_dims', 'check_sizes',
-           'check_token_ids', 'pick_backend']
+           'warm_start_config', 'load_warm_start', 'available_bytes', 'check_drafter_memory', 'target_dims',
+           'check_sizes', 'check_token_ids', 'pick_backend']
 
 # %% ../nbs/08_build.ipynb #189ce388
 def dist_env() -> tuple[int, int, int]:
@@ -240,7 +240,7 @@ def _ids_in_vocab(ids: dict, vocab: int):
 # %% ../nbs/08_build.ipynb #b0d5e002
 _GIB = 1 << 30
 
-def _available_bytes(device: torch.device) -> int:
+def available_bytes(device: torch.device) -> int:
     "Memory a new allocation can still get: free device memory on CUDA, available host RAM on CPU."
     if device.type == "cuda": return torch.cuda.mem_get_info(device)[0]
     with contextlib.suppress(OSError, ValueError, StopIteration):   # Linux: MemAvailable counts reclaimable cache
@@ -298,7 +298,7 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
 
 def _refuse_beyond(parts: dict, device: torch.device, who: str):
     "`ConfigError` naming the largest part when `parts` ({what: bytes}) add up to more than `device` has available."
-    need, have = sum(parts.values()), _available_bytes(device)
+    need, have = sum(parts.values()), available_bytes(device)
     if need > have:
         worst = max(parts, key=parts.get)
         raise ConfigError(f"{who} needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "

@@ -13,7 +13,7 @@ __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S',
            'parse_document', 'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override',
            'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
            'disk_full', 'run_cli', 'CliParser', 'Terminated', 'exit_after', 'disarm_watchdogs', 'sigterm_raises',
-           'scratch_dir']
+           'scratch_dir', 'finite_json']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -559,3 +559,12 @@ def scratch_dir(prefix: str = "dflash_nb-") -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, d, True)
     return d
+
+# %% ../nbs/00_config.ipynb #20e7faad
+def finite_json(obj):
+    "A copy of `obj` for `json.dumps(..., allow_nan=False)`: a float that is inf or nan (a value not measured) is None."
+    if isinstance(obj, float): return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict): return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [finite_json(v) for v in obj]
+    return obj
+

@@ -181,7 +181,7 @@ def format_tau_table(results: dict, temperatures, key: str = "tau", label: str =
         r = results[n]
         cells = [r[float(T)].get(key) for T in temperatures]
         rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
-                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) else f"{'-':>12}" for c in cells))
+                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) and c == c else f"{'—':>12}" for c in cells))
     return "\n".join(rows)
 
 # %% ../nbs/09_evaluate.ipynb #2b370833
@@ -263,7 +263,8 @@ def _json_dict(text: str, flag: str) -> dict:
 
 def main(argv=None) -> dict:
     "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
-    from dflash_nb.config import CliParser
+    from dflash_nb.config import CliParser, finite_json
+    from dflash_nb.export import check_drafter_fits
 
     ap = CliParser(
         prog="dflash_nb.evaluate",
@@ -401,6 +402,7 @@ def main(argv=None) -> dict:
     print(fast_paths_line(fast_paths(model)))
     drafter = load_drafter_dir(a.drafter, model)
     B = a.block_size or drafter.config.block_size
+    check_drafter_fits(drafter.config, next(drafter.parameters()).device, B, 1 if a.prompts else a.chunk, "--block-size")
     if a.prompts:
         res = _main_prompts(a, model, drafter, B, convs, kwargs)
     else:
@@ -409,7 +411,7 @@ def main(argv=None) -> dict:
         res["drafts"] = _cli_drafts(a, model, drafter, B, convs if a.prompts else None, kwargs if a.prompts else None)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        Path(a.json).write_text(json.dumps(finite_json(res), indent=1, allow_nan=False))   # not measured: null
     return res
 
 

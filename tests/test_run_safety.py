@@ -154,3 +154,63 @@ def test_sigterm_in_each_phase(tmp_path, phase):
     run = tmp_path / "run"
     assert not (run / "report.json").exists() and not (run / "drafter").exists()
     assert not [q for q in run.rglob("*") if ".tmp" in q.name]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, data_dir):
+    "An exported drafter of the tiny target (the `--target tiny` of dflash-eval), and held-out data for it."
+    from dflash_nb.target import tiny_target
+    from dflash_nb.model import DrafterConfig, DFlashDrafter
+    from dflash_nb.export import export_drafter
+    t = tiny_target()
+    cfg = DrafterConfig.from_target(t.config, num_hidden_layers=1, block_size=4, target_layer_ids=[1, 3],
+                                    mask_token_id=151669)
+    out = export_drafter(DFlashDrafter(cfg, t.get_input_embeddings(), t.get_output_embeddings()), cfg,
+                         tmp_path_factory.mktemp("served") / "drafter")
+    return out
+
+
+def _eval(argv):
+    from dflash_nb.config import run_cli
+    from dflash_nb.evaluate import main
+    return cli(lambda a: run_cli(main, a, prog="dflash_nb.evaluate"), argv)
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("num_attention_heads", 0, "num_attention_heads must be a whole number >= 1, got 0"),
+    ("num_hidden_layers", 10**7, "num_hidden_layers=10000000"),
+    ("num_hidden_layers", 1e7, "num_hidden_layers must be a whole number >= 1, got 10000000.0"),
+    ("block_size", 10**6, "block_size=1000000 needs at least"),
+    ("hidden_size", "64", "hidden_size must be a whole number >= 1, got '64'"),
+    ("head_dim", 0, "head_dim must be a whole number >= 2"),
+    ("intermediate_size", 10**12, "intermediate_size=1000000000000"),
+    ("mask_token_id", 1e9, "mask_token_id must be a whole number >= 0, got 1000000000.0"),
+    ("mask_token_id", 10**9, "mask_token_id 1000000000 is outside the vocabulary"),
+    ("rms_norm_eps", -1, "rms_norm_eps must be a finite number > 0"),
+    ("target_layer_ids", ["x"], "target_layer_ids must be a list of layer numbers"),
+    ("dflash_config", [1], "dflash_config must be a mapping")])
+def test_served_config_fields_checked(tmp_path, served, data_dir, field, value, says):
+    "A hand-edited config.json, field by field: dflash-eval refuses it in one line, before building anything."
+    import shutil
+    bad = tmp_path / "drafter"
+    shutil.copytree(served, bad)
+    conf = json.loads((bad / "config.json").read_text())
+    ours = conf.pop("dflash_nb_drafter_config")             # z-lab's layout: only the serving fields say the shapes
+    if field == "mask_token_id": conf["dflash_config"]["mask_token_id"] = value
+    else: conf[field] = value
+    if field in ("block_size",): conf["dflash_config"][field] = value
+    (bad / "config.json").write_text(json.dumps(conf))
+    rc, err = _eval(["--drafter", str(bad), "--target", "tiny", "--data", str(data_dir), "--num-samples", "1"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert ours
+
+
+def test_eval_block_size_and_unmeasured_tau(tmp_path, served, data_dir):
+    "--block-size 1000000 is one line; a τ that was not measured (--max-new-tokens 1) is null in valid JSON."
+    rc, err = _eval(["--drafter", str(served), "--target", "tiny", "--data", str(data_dir), "--block-size", "1000000"])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--block-size: the drafter" in err, err
+    rc, err = _eval(["--drafter", str(served), "--target", "tiny", "--data", str(data_dir), "--num-samples", "2",
+                     "--max-new-tokens", "1", "--json", str(tmp_path / "r.json")])
+    assert rc == 0, err
+    res = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
+    assert res["tau"] is None and res["cycles"] == 0
