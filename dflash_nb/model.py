@@ -506,9 +506,9 @@ def drafter_config_from_serving(
     ).validate()
 
 # %% ../nbs/05_model.ipynb #0d9ac4c1
-_SERVED_INTS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2,
-                "intermediate_size": 1, "num_hidden_layers": 1, "block_size": 2, "vocab_size": 1, "num_target_layers": 1,
-                "sliding_window": 1, "max_position_embeddings": 1, "mask_token_id": 0}   # field: its least value
+_SERVED_INTS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2,   # field: least
+                "intermediate_size": 1, "num_hidden_layers": 1, "block_size": 2, "vocab_size": 1,
+                "num_target_layers": 1, "sliding_window": 1, "max_position_embeddings": 1, "mask_token_id": 0}
 
 def check_served_fields(d: dict, source: str):
     "Each size and id of a serving config.json (top level, `dflash_config`, our record) a whole number in range."
