@@ -179,7 +179,7 @@ def format_tau_table(results: dict, temperatures, key: str = "tau", label: str =
     rows = [head, "-" * len(head)]
     for n in names:
         r = results[n]
-        cells = [r[float(T)].get(key) for T in temperatures]
+        cells = [r[float(T)].get(key) for T in temperatures]   # nan (c != c): not measured
         rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
                     "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) and c == c else f"{'—':>12}" for c in cells))
     return "\n".join(rows)
@@ -402,7 +402,7 @@ def main(argv=None) -> dict:
     print(fast_paths_line(fast_paths(model)))
     drafter = load_drafter_dir(a.drafter, model)
     B = a.block_size or drafter.config.block_size
-    check_drafter_fits(drafter.config, next(drafter.parameters()).device, B, 1 if a.prompts else a.chunk, "--block-size")
+    check_drafter_fits(drafter.config, drafter.fc.weight.device, B, 1 if a.prompts else a.chunk, "--block-size")
     if a.prompts:
         res = _main_prompts(a, model, drafter, B, convs, kwargs)
     else:

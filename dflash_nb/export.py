@@ -263,7 +263,8 @@ def _checkpoint_step(d: Path):
     from dflash_nb.config import ConfigError, read_document
     if not (d / "state.json").exists(): return None
     st = read_document(d / "state.json", "json")          # size, depth and syntax bounded
-    if not isinstance(st, dict): raise ConfigError(f"{d / 'state.json'}: expected a JSON object, got {type(st).__name__}")
+    if not isinstance(st, dict):
+        raise ConfigError(f"{d / 'state.json'}: expected a JSON object, got {type(st).__name__}")
     step = st.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise ConfigError(f"{d / 'state.json'}: step: expected a whole number >= 0, got {step!r}"[:200])
