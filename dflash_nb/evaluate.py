@@ -181,7 +181,8 @@ def format_tau_table(results: dict, temperatures, key: str = "tau", label: str =
         r = results[n]
         cells = [r[float(T)].get(key) for T in temperatures]   # nan (c != c): not measured
         rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
-                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) and c == c else f"{'—':>12}" for c in cells))
+                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) and c == c else f"{'—':>12}"
+                              for c in cells))
     return "\n".join(rows)
 
 # %% ../nbs/09_evaluate.ipynb #2b370833
