@@ -214,3 +214,67 @@ def test_eval_block_size_and_unmeasured_tau(tmp_path, served, data_dir):
     assert rc == 0, err
     res = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON"))
     assert res["tau"] is None and res["cycles"] == 0
+
+
+GOOD_STEP = {"step": 1, "loss": 2.5, "acc": [0.5, 0.25], "tau_est": 1.5, "wall_s": 1.0, "tokens_per_s": 100.0,
+             "target_busy": 0.5, "drafter_busy": 0.5}
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+HOSTILE = [
+    ("metrics.jsonl", json.dumps({**GOOD_STEP, "acc": 5}), "metrics.jsonl line 2: acc is not a list of numbers"),
+    ("metrics.jsonl", json.dumps({**GOOD_STEP, "loss": "abc"}), "metrics.jsonl line 2: loss is not a number ('abc')"),
+    ("metrics.jsonl", '{"step": 1, "loss": 1' + "0" * 400 + "}", "metrics.jsonl line 2: loss is not a number"),
+    ("metrics.jsonl", '{"step": 1' + "0" * 400 + ', "loss": 1}', None),
+    ("metrics.jsonl", DEEP_JSON, "metrics.jsonl: 1 unreadable line(s) skipped, the first at line 2"),
+    ("metrics.jsonl", json.dumps({**GOOD_STEP, "wall_s": [1]}), "metrics.jsonl line 2: wall_s is not a number"),
+    ("summary.json", json.dumps({"wall_s": "x", "backend": 3}), "summary.json: wall_s is not a number ('x')"),
+    ("summary.json", json.dumps({"final": 5}), "summary.json: final is not a mapping (5)"),
+    ("summary.json", json.dumps({"final": {"loss": {"a": 1}}}), "summary.json final: loss is not a number"),
+    ("summary.json", "[1]", "summary.json does not hold a JSON object"),
+    ("summary.json", DEEP_JSON, "summary.json is not readable JSON"),
+    ("report.json", json.dumps({"tau_before": 5, "tau_after": {"tau": "x"}}), "report.json: tau_before is not a mapping"),
+    ("report.json", json.dumps({"tau_after": {"tau": 10 ** 400}}), "report.json tau_after: tau is not a number"),
+    ("config.yaml", "[" * 20_000 + "]" * 20_000, "config.yaml is not readable YAML"),
+    ("config.yaml", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh")),
+     "config.yaml is not readable YAML")]
+
+
+def test_report_on_hostile_files(tmp_path):
+    "Malformed fields of every file dflash-report reads: one line naming the file and field, the rest still reported."
+    from dflash_nb.config import run_cli
+    from dflash_nb.report import main
+    runs = []
+    for i, (name, text, says) in enumerate(HOSTILE):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({**GOOD_STEP, "step": 0}) + "\n")
+        (run / "summary.json").write_text(json.dumps({"wall_s": 3.0, "backend": "sdpa", "final": GOOD_STEP}))
+        (run / "report.json").write_text(json.dumps({"tau_before": {"tau": 1.0}, "tau_after": {"tau": 1.5}}))
+        (run / "config.yaml").write_text("train: {steps: 1}\n")
+        p = run / name
+        p.write_text(p.read_text() + text + "\n" if name == "metrics.jsonl" else text)
+        runs.append(str(run))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = run_cli(main, runs + ["--out", str(tmp_path / "c.png"), "--json", str(tmp_path / "r.json")])
+    assert rc == 0 and (tmp_path / "c.png").is_file()
+    said = {l.split(": ", 1)[0]: l for l in out.getvalue().splitlines() if l.startswith(str(tmp_path))}
+    for run, (name, text, says) in zip(runs, HOSTILE):
+        if says: assert says in said.get(run, ""), (name, says, said.get(run))
+    rows = json.loads((tmp_path / "r.json").read_text())["runs"]
+    assert len(rows) == len(HOSTILE)
+    assert all(v is None or isinstance(v, (str, int, float, list)) for r in rows for v in r.values())
+
+
+def test_report_nothing_readable_is_one_line(tmp_path):
+    "Every file of the run unreadable: exit 2, one line."
+    from dflash_nb.report import main
+    from dflash_nb.config import run_cli
+    run = tmp_path / "run"
+    run.mkdir()
+    for n in ("metrics.jsonl", "summary.json", "report.json"): (run / n).write_text(DEEP_JSON)
+    rc, err = cli(lambda a: run_cli(main, a, prog="dflash_nb.report"), [str(run), "--out", str(tmp_path / "c.png")])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "nothing to report" in err
+    assert not (tmp_path / "c.png").exists()
