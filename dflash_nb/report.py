@@ -76,7 +76,7 @@ def read_run(
     rec.report = _read_json(p / "report.json", rec.problems,
                             "no τ before/after: the run did not go through dflash-train's evaluate step")
     if rec.report is not None:
-        rec.report.update({k: _section(rec.report, k, "report.json", rec.problems) for k in ("tau_before", "tau_after")})
+        for k in ("tau_before", "tau_after"): rec.report[k] = _section(rec.report, k, "report.json", rec.problems)
     if (p / "config.yaml").is_file():
         try: rec.config = read_document(p / "config.yaml", "yaml")        # size, depth and aliases bounded
         except ConfigError as e:
