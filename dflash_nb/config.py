@@ -485,11 +485,16 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         return 143
     except Exception as err:
         full = disk_full(err)
-        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, *expected)):
+        import pickle
+        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, pickle.UnpicklingError, *expected)):
             raise  # a bug
         if debug:
             traceback.print_exc()
         line = error_line(err)
+        if isinstance(err, pickle.UnpicklingError):   # torch.load(weights_only=True) refused a pickle: nothing ran
+            why = next((l.strip() for l in str(err).splitlines() if "GLOBAL" in l or "Unsupported" in l), "")
+            line = (f"refused to load a pickled weights file that is not plain tensors (torch.load weights_only"
+                    f"{': ' + why if why else ''}); nothing in it ran: use safetensors weights")
         # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
         if full:
             line = (

@@ -278,3 +278,97 @@ def test_report_nothing_readable_is_one_line(tmp_path):
     rc, err = cli(lambda a: run_cli(main, a, prog="dflash_nb.report"), [str(run), "--out", str(tmp_path / "c.png")])
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "nothing to report" in err
     assert not (tmp_path / "c.png").exists()
+
+
+def test_pickled_target_weights_refused_in_one_line(tmp_path):
+    "A target dir whose only weights are a pickle carrying code: torch refuses it (nothing runs) and the CLI says so."
+    import os
+    from dflash_nb.target import tiny_target
+    d = tmp_path / "target"
+    tiny_target(hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=16,
+                intermediate_size=64).config.save_pretrained(d)
+
+    class Evil:
+        def __reduce__(self): return (os.system, (f"touch {tmp_path / 'ran'}",))
+    torch.save({"w": Evil()}, d / "pytorch_model.bin")
+    rc, err = _eval(["--drafter", str(tmp_path / "none"), "--target", str(d), "--data", str(tmp_path / "none")])
+    lines = [l for l in err.splitlines() if "error:" in l]      # the progress lines of the target's loading go first
+    assert rc == 2 and len(lines) == 1 and "refused to load a pickled weights file" in lines[0], err
+    assert not (tmp_path / "ran").exists()
+
+
+def _gguf(argv):
+    from dflash_nb.config import run_cli
+    from dflash_nb.gguf import main
+    return cli(lambda a: run_cli(main, a, prog="dflash_nb.gguf", expected=(ValueError,)), argv)
+
+
+def test_gguf_hostile_files_and_foreign_out(tmp_path):
+    "A truncated GGUF file, absurd counts, a file that is not GGUF: one line; an --out of another model's files: kept."
+    import struct
+    from dflash_nb.gguf import smollm2_gguf_path
+    src = smollm2_gguf_path()
+    cases = {"absurd.gguf": (b"GGUF" + struct.pack("<IQQ", 3, 0, 10**12) + bytes(64), "metadata entries, more than"),
+             "strings.gguf": (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 2**62) + bytes(64),
+                              "metadata key 0 needs 4,611,686,018,427,387,904 bytes"),
+             "notgguf.gguf": (b"PK\x03\x04" + bytes(64), "not a GGUF file")}
+    if src is not None:
+        with open(src, "rb") as f: cases["cut.gguf"] = (f.read(1 << 20), "more than the file holds")
+    for name, (data, says) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        rc, err = _gguf(["--gguf", str(tmp_path / name), "--out", str(tmp_path / f"out-{name}")])
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, (name, err)
+        assert not (tmp_path / f"out-{name}").exists()
+    other = tmp_path / "other"
+    other.mkdir()
+    theirs = {"config.json": '{"model_type": "llama"}', "tokenizer.json": "{}", "README.md": "another model"}
+    for n, t in theirs.items(): (other / n).write_text(t)
+    for extra in ([], ["--replace"]):
+        rc, err = _gguf(["--gguf", str(src or tmp_path / "absurd.gguf"), "--out", str(other), *extra])
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "is not a dflash-gguf conversion" in err, err
+    assert {p.name: p.read_text() for p in other.iterdir()} == theirs
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, data_dir):
+    "A real one-step trainer checkpoint (copied, never modified, by the tests)."
+    run = tmp_path_factory.mktemp("ck") / "run"
+    train(train_cfg(run, data_dir, steps=1))
+    return next((run / "checkpoints").glob("step-*"))
+
+
+def _export(argv):
+    from dflash_nb.config import run_cli
+    from dflash_nb.export import main
+    return cli(lambda a: run_cli(main, a, prog="dflash_nb.export"), argv)
+
+
+@pytest.mark.parametrize("fault, says", [
+    ("nan", "holds non-finite values"), ("inf", "holds non-finite values"),
+    ("fp16", "beyond float16's largest value"),
+    ("state-list", "state.json: expected a JSON object, got list"),
+    ("state-deep", "state.json: nested deeper than"), ("state-step", "state.json: step: expected a whole number"),
+    ("config-list", "drafter_config.json: expected a mapping"),
+    ("config-layers", "num_hidden_layers: must be >= 1, got 0")])
+def test_export_refuses_broken_checkpoints(tmp_path, checkpoint, fault, says):
+    "Non-finite weights, weights beyond the dtype asked for, a malformed state.json or config: one line, nothing written."
+    import shutil
+    from safetensors.torch import load_file, save_file
+    ck = tmp_path / "step-00000001"
+    shutil.copytree(checkpoint, ck)
+    w = load_file(str(ck / "drafter.safetensors"))
+    k = next(iter(w))
+    if fault in ("nan", "inf"): w[k].view(-1)[0] = float(fault)
+    if fault == "fp16": w[k].view(-1)[0] = 1e5
+    save_file(w, str(ck / "drafter.safetensors"))
+    if fault == "state-list": (ck / "state.json").write_text("[1]")
+    if fault == "state-deep": (ck / "state.json").write_text("[" * 100_000 + "]" * 100_000)
+    if fault == "state-step": (ck / "state.json").write_text('{"step": "x"}')
+    if fault == "config-list": (ck / "drafter_config.json").write_text("[1]")
+    if fault == "config-layers":
+        c = json.loads((ck / "drafter_config.json").read_text())
+        (ck / "drafter_config.json").write_text(json.dumps({**c, "num_hidden_layers": 0}))
+    rc, err = _export(["--checkpoint", str(ck), "--out", str(tmp_path / "out"),
+                       *(["--dtype", "float16"] if fault == "fp16" else [])])
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()
