@@ -296,11 +296,12 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
     if check: _refuse_beyond(parts, device, "the drafter")
     return parts
 
-def _refuse_beyond(parts: dict, device: torch.device, who: str):
+def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or {part: the name of its owner}
     "`ConfigError` naming the largest part when `parts` ({what: bytes}) add up to more than `device` has available."
     need, have = sum(parts.values()), available_bytes(device)
     if need > have:
         worst = max(parts, key=parts.get)
+        who = who[worst] if isinstance(who, dict) else who
         raise ConfigError(f"{who} needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
                           f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
 
@@ -356,11 +357,13 @@ def check_sizes(cfg: TrainConfig, target_device: torch.device, drafter_device: t
     drafter = check_drafter_memory(cfg, SimpleNamespace(config=hf), drafter_device, check=False)
     rows = cfg.global_batch // dist_env()[1]
     host = {f"rows of one step (global_batch={cfg.global_batch}, at least {_ROW_BYTES} bytes a row)": _ROW_BYTES * rows}
-    by_device = {}
-    for dev, p in ((target_device, parts), (drafter_device, drafter), (torch.device("cpu"), host)):
+    by_device, owner = {}, {}
+    for dev, p, who in ((target_device, parts, "the target"), (drafter_device, drafter, "the drafter"),
+                        (torch.device("cpu"), host, "the run")):
         by_device.setdefault(dev, {}).update(p)
+        owner.update(dict.fromkeys(p, who))
     for dev, p in by_device.items():
-        _refuse_beyond(p, dev, "the run")
+        _refuse_beyond(p, dev, owner)       # named for the largest part's owner: what to make smaller
 
 
 # %% ../nbs/08_build.ipynb #b0d5e006

@@ -31,7 +31,7 @@ def _read_json(path: Path, problems: list, why: str):
         return None
     try: obj = read_document(path, "json")                  # size, depth and syntax bounded
     except ConfigError as e:
-        problems.append(f"{path.name} is not readable JSON ({' '.join(str(e).split())[:120]})")
+        problems.append(f"{path.name} is not JSON ({' '.join(str(e).removeprefix(f'{path}: ').split())[:120]})")
         return None
     if isinstance(obj, dict): return obj
     problems.append(f"{path.name} does not hold a JSON object")
@@ -80,7 +80,8 @@ def read_run(
     if (p / "config.yaml").is_file():
         try: rec.config = read_document(p / "config.yaml", "yaml")        # size, depth and aliases bounded
         except ConfigError as e:
-            rec.problems.append(f"config.yaml is not readable YAML ({' '.join(str(e).split())[:120]})")
+            why = ' '.join(str(e).removeprefix(f"{p / 'config.yaml'}: ").split())[:120]
+            rec.problems.append(f"config.yaml is not YAML ({why})")
     else: rec.problems.append("no config.yaml")
     return rec
 

@@ -232,13 +232,13 @@ HOSTILE = [
     ("summary.json", json.dumps({"final": 5}), "summary.json: final is not a mapping (5)"),
     ("summary.json", json.dumps({"final": {"loss": {"a": 1}}}), "summary.json final: loss is not a number"),
     ("summary.json", "[1]", "summary.json does not hold a JSON object"),
-    ("summary.json", DEEP_JSON, "summary.json is not readable JSON"),
+    ("summary.json", DEEP_JSON, "summary.json is not JSON"),
     ("report.json", json.dumps({"tau_before": 5, "tau_after": {"tau": "x"}}), "report.json: tau_before is not a mapping"),
     ("report.json", json.dumps({"tau_after": {"tau": 10 ** 400}}), "report.json tau_after: tau is not a number"),
-    ("config.yaml", "[" * 20_000 + "]" * 20_000, "config.yaml is not readable YAML"),
+    ("config.yaml", "[" * 20_000 + "]" * 20_000, "config.yaml is not YAML"),
     ("config.yaml", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh")),
-     "config.yaml is not readable YAML")]
+     "config.yaml is not YAML")]
 
 
 def test_report_on_hostile_files(tmp_path):
