@@ -541,7 +541,14 @@ def disarm_watchdogs():
     "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
     while _WATCHDOGS: _WATCHDOGS.pop().set()
 
+_OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
+
 def _on_sigterm(signum, frame):
+    import os, signal
+    if _OWNER and _OWNER[-1] != os.getpid():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     exit_after(SIGTERM_GRACE_S, "SIGTERM")
     raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
 
@@ -552,9 +559,13 @@ def sigterm_raises():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    import os
     old = signal.signal(signal.SIGTERM, _on_sigterm)
+    _OWNER.append(os.getpid())
     try: yield
-    finally: signal.signal(signal.SIGTERM, old)
+    finally:
+        _OWNER.pop()
+        signal.signal(signal.SIGTERM, old)
 
 
 # %% ../nbs/00_config.ipynb #87096ead
