@@ -13,7 +13,8 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['dist_env', 'rank_devices', 'init_distributed', 'cpu_bf16', 'drafter_autocast', 'precision', 'precision_line',
            'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'drafter_lm_head_weight',
-           'warm_start_config', 'load_warm_start', 'check_drafter_memory', 'check_token_ids', 'pick_backend']
+           'warm_start_config', 'load_warm_start', 'available_bytes', 'check_drafter_memory', 'target_dims',
+           'check_sizes', 'check_token_ids', 'pick_backend']
 
 # %% ../nbs/08_build.ipynb #189ce388
 def dist_env() -> tuple[int, int, int]:
@@ -219,10 +220,27 @@ def load_warm_start(drafter, init_dir) -> int:
     drafter.load_trainable_state_dict({k: v.to(device=dev, dtype=mine[k].dtype) for k, v in sd.items()})
     return len(sd)
 
+# %% ../nbs/08_build.ipynb #b0d5e00a
+def _whole(d: dict, key: str, src: str, default=None) -> int:
+    "An int dimension of a config read from a file or a dict (a float, a bool or a text there is refused)."
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"{src}{key}: expected a positive whole number, got {v!r}")
+    return v
+
+def _ids_in_vocab(ids: dict, vocab: int):
+    "Every token id named in `ids` ({setting: id or [ids]}) is an embedding row: 0 <= id < vocab."
+    for name, v in ids.items():
+        for i in v if isinstance(v, (list, tuple)) else [v]:
+            if i is None: continue
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
+                raise ConfigError(f"{name}={i!r} is not a token id of the target's vocabulary (0..{vocab - 1})")
+
+
 # %% ../nbs/08_build.ipynb #b0d5e002
 _GIB = 1 << 30
 
-def _available_bytes(device: torch.device) -> int:
+def available_bytes(device: torch.device) -> int:
     "Memory a new allocation can still get: free device memory on CUDA, available host RAM on CPU."
     if device.type == "cuda": return torch.cuda.mem_get_info(device)[0]
     with contextlib.suppress(OSError, ValueError, StopIteration):   # Linux: MemAvailable counts reclaimable cache
@@ -235,6 +253,7 @@ def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
     hf = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     dims = {k: getattr(hf, k, None) for k in ("hidden_size", "intermediate_size", "num_attention_heads",
                                                "num_key_value_heads", "head_dim", "vocab_size")}
+    dims["num_key_value_heads"] = dims["num_key_value_heads"] or dims["num_attention_heads"]
     dims.update(num_hidden_layers=5, block_size=16, num_target_features=5)
     from dflash_nb.config import read_document
     src, prefix = {}, "drafter."
@@ -248,11 +267,13 @@ def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
     if not src: src = dict(cfg.drafter or {})
     for k, v in src.items():
         if k in dims and isinstance(v, int) and not isinstance(v, bool): dims[k] = v
+        if k == "mask_token_id": dims[k] = v
     if isinstance(src.get("target_layer_ids"), list): dims["num_target_features"] = len(src["target_layer_ids"])
     dims["head_dim"] = dims["head_dim"] or dims["hidden_size"] // max(1, dims["num_attention_heads"] or 1)
     return dims, prefix
 
-def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
+def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
+                         check: bool = True):   # False: only return the parts ({what: bytes}) for `check_sizes`
     """Refuse (`ConfigError`, one line naming the keys) a drafter whose parameters, AdamW state, activations or logits
     chunk cannot fit in `device`'s available memory; a lower bound from the config alone, checked before allocating."""
     d, prefix = _drafter_dims(cfg, target)
@@ -270,12 +291,80 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device):
         f"logits chunk (loss_chunk_blocks={cfg.loss_chunk_blocks} x block_size={B} x vocabulary {V})":
             4 * 2 * min(cfg.loss_chunk_blocks, cfg.max_anchors) * B * V,
     }
-    need, have = sum(parts.values()), _available_bytes(device)
+    ids = {f"{prefix}mask_token_id": d.get("mask_token_id")}
+    _ids_in_vocab(ids, V) if V else None
+    if check: _refuse_beyond(parts, device, "the drafter")
+    return parts
+
+def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or {part: the name of its owner}
+    "`ConfigError` naming the largest part when `parts` ({what: bytes}) add up to more than `device` has available."
+    need, have = sum(parts.values()), available_bytes(device)
     if need > have:
         worst = max(parts, key=parts.get)
-        raise ConfigError(f"the drafter needs at least {need / _GIB:,.1f} GiB on {device} but "
-                          f"{have / _GIB:,.1f} GiB is "
+        who = who[worst] if isinstance(who, dict) else who
+        raise ConfigError(f"{who} needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
                           f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
+
+# %% ../nbs/08_build.ipynb #a0b0c8da
+def target_dims(tc: TargetConfig) -> tuple[dict, str]:
+    "The target's sizes from its config alone (the tiny target's arguments, or `path`/config.json) and their source."
+    import inspect
+    from dflash_nb.config import read_document
+    from dflash_nb.target import tiny_target
+    if tc.path is None:
+        own = {k: v.default for k, v in inspect.signature(tiny_target).parameters.items() if k != "dtype"}
+        t = {**own, **tc.tiny}
+        names = dict(num_hidden_layers="num_layers", num_attention_heads="num_heads",
+                     num_key_value_heads="num_kv_heads")
+        d = {**t, **{hf: t.get(hf, t.get(mine)) for hf, mine in names.items()}}
+        d.setdefault("pad_token_id", 151643)        # the tiny target's Qwen3 pad and eos (its config sets them)
+        d.setdefault("eos_token_id", 151645)
+        return d, "train.target.tiny."
+    p = Path(tc.path) / "config.json"
+    d = read_document(p, "json") if p.is_file() else {}
+    d = d if isinstance(d, dict) else {}
+    return (d["text_config"] if isinstance(d.get("text_config"), dict) else d), f"{p} "
+
+
+# %% ../nbs/08_build.ipynb #64485050
+def _target_parts(tc: TargetConfig, device: torch.device) -> tuple[dict, dict]:
+    "(the target's dims, {what: bytes}): the least its weights take, from its config alone."
+    d, src = target_dims(tc)
+    V, H, L = (_whole(d, k, src) for k in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    nh = _whole(d, "num_attention_heads", src)
+    kvh, I = _whole(d, "num_key_value_heads", src, nh), _whole(d, "intermediate_size", src)
+    hd = _whole(d, "head_dim", src, max(1, H // nh))
+    _ids_in_vocab({f"{src}{k}": d.get(k) for k in ("pad_token_id", "eos_token_id", "bos_token_id")}, V)
+    params = V * H * (1 if d.get("tie_word_embeddings") else 2) + L * (2 * H * nh * hd + 2 * H * kvh * hd + 3 * H * I)
+    size = 2 if tc.dtype in ("auto", "bfloat16", "float16") else 4       # auto: bfloat16 at the least
+    dims = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kvh,
+                head_dim=hd, intermediate_size=I)
+    return dims, {f"target weights ({src}vocab_size={V}, hidden_size={H}, num_hidden_layers={L}, "
+                  f"intermediate_size={I})": size * params}
+
+
+# %% ../nbs/08_build.ipynb #e16d5d51
+_ROW_BYTES = 80   # the least a packed row costs the host: the row stream keeps its sample list, the metrics its depth
+
+def check_sizes(cfg: TrainConfig, target_device: torch.device, drafter_device: torch.device, target=None):
+    """Refuse (`ConfigError`, one line naming the setting and the figures) a run whose target, drafter, batch or token
+    ids cannot fit, before anything is allocated: lower bounds from the config alone against the available memory."""
+    from types import SimpleNamespace
+    dims, parts = ({}, {}) if target is not None else _target_parts(cfg.target, target_device)
+    hf = target.config if target is not None else SimpleNamespace(**dims)
+    V = (hf.get_text_config() if hasattr(hf, "get_text_config") else hf).vocab_size
+    _ids_in_vocab({"train.drafter.mask_token_id": cfg.drafter.get("mask_token_id")}, V)
+    drafter = check_drafter_memory(cfg, SimpleNamespace(config=hf), drafter_device, check=False)
+    rows = cfg.global_batch // dist_env()[1]
+    host = {f"rows of one step (global_batch={cfg.global_batch}, at least {_ROW_BYTES} bytes a row)": _ROW_BYTES * rows}
+    by_device, owner = {}, {}
+    for dev, p, who in ((target_device, parts, "the target"), (drafter_device, drafter, "the drafter"),
+                        (torch.device("cpu"), host, "the run")):
+        by_device.setdefault(dev, {}).update(p)
+        owner.update(dict.fromkeys(p, who))
+    for dev, p in by_device.items():
+        _refuse_beyond(p, dev, owner)       # named for the largest part's owner: what to make smaller
+
 
 # %% ../nbs/08_build.ipynb #b0d5e006
 def check_token_ids(samples, data_dir, target):

@@ -4,15 +4,16 @@
 
 # %% ../nbs/00_config.ipynb #578e8fd3
 from __future__ import annotations
-import dataclasses, math, traceback, types, typing, yaml, sys
+import contextlib, dataclasses, math, re, time, traceback, types, typing, yaml, sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
-           'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as', 'disk_full', 'run_cli',
-           'CliParser', 'scratch_dir']
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'ExpectedError', 'ConfigError', 'opt',
+           'parse_document', 'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override',
+           'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
+           'disk_full', 'run_cli', 'CliParser', 'Terminated', 'exit_after', 'disarm_watchdogs', 'sigterm_raises',
+           'scratch_dir', 'finite_json']
 
 # %% ../nbs/00_config.ipynb #d83dc227
 class ExpectedError(Exception):
@@ -58,13 +59,19 @@ def _check_shape(doc, source: str):
         stack.extend((c, depth + 1) for c in children)
     return doc
 
+class _Loader(yaml.SafeLoader):
+    "PyYAML's safe loader, except that `1e-5` (an exponent without a dot) is a float, as in YAML 1.2 and JSON."
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
 def parse_document(text: str, source: str, fmt: str = "yaml"):
     "Parse `text` (`fmt` 'yaml' or 'json') within the size, depth and alias limits; failures name `source`."
     import json
     if len(text) > MAX_DOC_BYTES:
         raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_DOC_BYTES:,} allowed")
     if "\0" in text: raise ConfigError(f"{source}: a binary file, not {fmt.upper()}")
-    try: doc = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    try: doc = json.loads(text) if fmt == "json" else yaml.load(text, Loader=_Loader)
     except RecursionError: raise ConfigError(f"{source}: nested deeper than {MAX_DOC_DEPTH} levels") from None
     except json.JSONDecodeError as err:
         raise ConfigError(f"{source}: not valid JSON: {err.msg} (line {err.lineno})") from None
@@ -86,6 +93,8 @@ def read_document(path, fmt: str | None = None):
 
 # %% ../nbs/00_config.ipynb #f341c0c3
 def _type_name(tp) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -145,7 +154,10 @@ def _coerce(value, tp, key: str):
             try:
                 return int(value)
             except ValueError:
-                pass
+                with contextlib.suppress(ValueError):  # YAML 1.1 reads 1e7 as text: a whole number all the same
+                    value = float(value)
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -158,7 +170,7 @@ def _coerce(value, tp, key: str):
         if isinstance(value, str):
             return value
     elif tp is Path:
-        if isinstance(value, (str, Path)):
+        if isinstance(value, (str, Path)) and str(value).strip():  # Path("") would be the current directory
             return Path(value)
     elif isinstance(tp, type) and isinstance(value, tp):
         return value
@@ -203,6 +215,32 @@ def _out_of_range(x, m: dict) -> str | None:
     return None
 
 
+def _nonfinite_in(v, key: str) -> tuple | None:
+    "(dotted key, value) of the first inf or nan float anywhere inside a dict or list value (None: all finite)."
+    stack = [(v, key)]
+    while stack:
+        node, k = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node): return k, node
+        if isinstance(node, dict): stack.extend((x, f"{k}.{n}") for n, x in node.items())
+        elif isinstance(node, (list, tuple)): stack.extend((x, f"{k}[{i}]") for i, x in enumerate(node))
+    return None
+
+
+def _typed_keys(v: dict, schema, key: str) -> dict:
+    "The dict field `v` with each value typed by its key's schema: a dataclass's field types, or a {name: type} map."
+    if is_dataclass(schema):
+        typed = from_dict(schema, v, key + ".")  # keys, types and ranges of the section it feeds
+        return {k: getattr(typed, k) for k in v}
+    if isinstance(schema, dict):
+        return {k: _coerce(x, schema[k], f"{key}.{k}") if k in schema else x for k, x in v.items()}
+    return v
+
+
+def _empty_text(v, f) -> bool:
+    "A blank text where the default is not one: a path or a name left out (`run_dir=` would mean the current dir)."
+    return isinstance(v, str) and not v.strip() and f.default != ""
+
+
 def validate_config(cfg, prefix: str = ""):
     "Check every field of `cfg`, nested sections included, against its `opt` ranges, `keys` and `check`; returns `cfg`."
     fs = [(f, getattr(cfg, f.name), prefix + f.name) for f in fields(cfg)]
@@ -212,18 +250,22 @@ def validate_config(cfg, prefix: str = ""):
             continue
         if v is None:
             continue
+        if _empty_text(v, f):
+            raise ConfigError(f"{key}: empty; give a value (or null where none is allowed), got {str(v)!r}")
+        if isinstance(v, dict) and (bad := _nonfinite_in(v, key)):   # a rope factor or an init std nested in a dict
+            raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]!r}")
         for i, x in enumerate(v) if isinstance(v, (list, tuple)) else [(None, v)]:
             if why := _out_of_range(x, f.metadata):
                 raise ConfigError(f"{key}{'' if i is None else f'[{i}]'}: {why}, got {x!r}")
         if "keys" in f.metadata and isinstance(v, dict):
             schema = f.metadata["keys"]()
-            if is_dataclass(schema):
-                from_dict(schema, v, key + ".")  # keys, types and ranges of the section it feeds
-            elif unknown := sorted(set(v) - set(schema), key=str):
+            if not is_dataclass(schema) and (unknown := sorted(set(v) - set(schema), key=str)):
                 raise ConfigError(
                     f"unknown config key {key}.{unknown[0]!s}{_did_you_mean(unknown[0], schema)} "
                     f"(known keys of {key}: {', '.join(sorted(schema))})"
                 )
+            setattr(cfg, f.name, v := _typed_keys(v, schema, key))  # a float key never keeps a text ('2e-2')
+            if bad := _nonfinite_in(v, key): raise ConfigError(f"{bad[0]}: must be a finite number, got {bad[1]!r}")
     for f, v, key in fs:  # rules across fields, once each field is sound
         if "check" in f.metadata and (why := f.metadata["check"](v, cfg)):
             raise ConfigError(f"{key}: {why}, got {v!r}")
@@ -429,20 +471,30 @@ def disk_full(err: BaseException) -> bool:
 
 def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
     """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
-    gives 2; a bug raises; `--debug` also prints the traceback."""
+    gives 2; SIGTERM, one line and 143; a bug raises; `--debug` also prints the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     prog = invoked_as(prog)
     try:
-        rc = main(argv)
+        with sigterm_raises():
+            rc = main(argv)
+    except Terminated as err:   # exit 143 as a killed process, one line like any refusal
+        disarm_watchdogs()
+        print(f"{prog}: {error_line(err)}", file=sys.stderr)
+        return 143
     except Exception as err:
         full = disk_full(err)
-        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, *expected)):
+        import pickle
+        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, pickle.UnpicklingError, *expected)):
             raise  # a bug
         if debug:
             traceback.print_exc()
         line = error_line(err)
+        if isinstance(err, pickle.UnpicklingError):   # torch.load(weights_only=True) refused a pickle: nothing ran
+            why = next((l.strip() for l in str(err).splitlines() if "GLOBAL" in l or "Unsupported" in l), "")
+            line = (f"refused to load a pickled weights file that is not plain tensors (torch.load weights_only"
+                    f"{': ' + why if why else ''}); nothing in it ran: use safetensors weights")
         # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
         if full:
             line = (
@@ -466,6 +518,56 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message):
         raise ConfigError(f"{message} (see --help)")
 
+# %% ../nbs/00_config.ipynb #5f717655
+class Terminated(BaseException):
+    "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
+
+SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
+
+_WATCHDOGS = []   # the armed watchdogs' stop events
+
+def exit_after(grace: float, why: str):
+    "A daemon thread that ends the process (exit 143) after `grace` seconds: stopping must not wait on a stuck call."
+    import os, threading
+    stop = threading.Event()
+    def watchdog():
+        if stop.wait(grace): return          # the command unwound in time
+        print(f"{why}; still running {grace:.0f}s after SIGTERM: exiting now", file=sys.stderr, flush=True)
+        os._exit(143)
+    _WATCHDOGS.append(stop)
+    threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
+
+def disarm_watchdogs():
+    "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
+    while _WATCHDOGS: _WATCHDOGS.pop().set()
+
+_OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
+
+def _on_sigterm(signum, frame):
+    import os, signal
+    if _OWNER and _OWNER[-1] != os.getpid():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    exit_after(SIGTERM_GRACE_S, "SIGTERM")
+    raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
+
+@contextlib.contextmanager
+def sigterm_raises():
+    "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import os
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    _OWNER.append(os.getpid())
+    try: yield
+    finally:
+        _OWNER.pop()
+        signal.signal(signal.SIGTERM, old)
+
+
 # %% ../nbs/00_config.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:
     "A temporary directory removed when this Python process exits (a notebook's Run All leaves nothing behind)."
@@ -473,3 +575,12 @@ def scratch_dir(prefix: str = "dflash_nb-") -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix))
     atexit.register(shutil.rmtree, d, True)
     return d
+
+# %% ../nbs/00_config.ipynb #20e7faad
+def finite_json(obj):
+    "A copy of `obj` for `json.dumps(..., allow_nan=False)`: a float that is inf or nan (a value not measured) is None."
+    if isinstance(obj, float): return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict): return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [finite_json(v) for v in obj]
+    return obj
+

@@ -179,9 +179,10 @@ def format_tau_table(results: dict, temperatures, key: str = "tau", label: str =
     rows = [head, "-" * len(head)]
     for n in names:
         r = results[n]
-        cells = [r[float(T)].get(key) for T in temperatures]
+        cells = [r[float(T)].get(key) for T in temperatures]   # nan (c != c): not measured
         rows.append(f"{n:<{w}}  {r[float(temperatures[0])]['prompts']:>7}  " +
-                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) else f"{'-':>12}" for c in cells))
+                    "  ".join(f"{c:>12{fmt}}" if isinstance(c, (int, float)) and c == c else f"{'—':>12}"
+                              for c in cells))
     return "\n".join(rows)
 
 # %% ../nbs/09_evaluate.ipynb #2b370833
@@ -386,7 +387,8 @@ def _parser():
 def main(argv=None) -> dict:
     "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
     args = _parser().parse_args(argv)
-    from dflash_nb.config import ConfigError
+    from dflash_nb.config import ConfigError, finite_json
+    from dflash_nb.export import check_drafter_fits
 
     for flag, low in (
         ("max_new_tokens", 1),
@@ -414,6 +416,7 @@ def main(argv=None) -> dict:
     print(fast_paths_line(fast_paths(model)))
     drafter = load_drafter_dir(args.drafter, model)
     B = args.block_size or drafter.config.block_size
+    check_drafter_fits(drafter.config, drafter.fc.weight.device, B, 1 if args.prompts else args.chunk, "--block-size")
     if args.prompts:
         res = _main_prompts(args, model, drafter, B, convs, kwargs)
     else:
@@ -423,7 +426,7 @@ def main(argv=None) -> dict:
                                     kwargs if args.prompts else None)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
+        Path(args.json).write_text(json.dumps(finite_json(res), indent=1, allow_nan=False))  # not measured: null
     return res
 
 # %% ../nbs/09_evaluate.ipynb #703ce8bb

@@ -13,9 +13,29 @@ from .model import SERVING_ARCH, serving_config, read_exported_config   # the se
 
 
 # %% auto #0
-__all__ = ['CorruptWeightsError', 'read_safetensors', 'write_modeling_code', 'serving_state_dict', 'check_export_dir',
-           'export_drafter', 'load_exported_drafter', 'checkpoint_drafter_config', 'checkpoint_weights',
-           'export_checkpoint', 'main', 'cli']
+__all__ = ['NonFiniteWeightsError', 'check_finite_weights', 'CorruptWeightsError', 'read_safetensors', 'write_modeling_code',
+           'serving_state_dict', 'check_export_dir', 'export_drafter', 'load_exported_drafter', 'check_drafter_fits',
+           'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'main', 'cli']
+
+# %% ../nbs/10_export.ipynb #c981e3eb
+from .config import ExpectedError
+
+class NonFiniteWeightsError(ExpectedError, ValueError):
+    "A tensor holding inf or nan, or values beyond the range of the dtype it is to be written in."
+
+def check_finite_weights(sd: dict, dtype: torch.dtype | None = None, source: str = "the drafter"):
+    "Refuse (one line naming the tensor) a state dict with a non-finite value, or one that `dtype` cannot hold."
+    for k, v in sd.items():
+        if not v.is_floating_point() or v.numel() == 0: continue
+        if not bool(torch.isfinite(v).all()):
+            raise NonFiniteWeightsError(f"{source}: {k} holds non-finite values (inf or nan): nothing was exported; "
+                                        "export an earlier checkpoint (the trainer names the last finite one)")
+        top = float(v.abs().max())
+        if dtype is not None and dtype.is_floating_point and top > torch.finfo(dtype).max:
+            raise NonFiniteWeightsError(f"{source}: {k} reaches {top:.3g}, beyond {str(dtype).removeprefix('torch.')}"
+                                        f"'s largest value {torch.finfo(dtype).max:.3g}: it would be written as inf; "
+                                        "export in float32 or bfloat16")
+
 
 # %% ../nbs/10_export.ipynb #76765be0
 def _umask() -> int:
@@ -123,6 +143,7 @@ def export_drafter(
         if drafter_config is None: raise TypeError("a bare state dict needs its drafter_config")
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
     cfg = drafter_config.validate()
+    check_finite_weights(serving_state_dict(drafter_or_state), dtype)   # before the cast: a cast would hide nothing
     sd = serving_state_dict(drafter_or_state, dtype)
     out = Path(out_dir)
     check_export_dir(out, overwrite)
@@ -171,6 +192,7 @@ def load_exported_drafter(
                           f"vocab_size={cfg.vocab_size}")
     if width != cfg.hidden_size:
         raise ConfigError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
+    check_drafter_fits(cfg, device or embed_tokens.weight.device, what=f"{path}/config.json")
     sd = read_safetensors(Path(path) / "model.safetensors")
     try: _check_shapes(sd, cfg)                              # before any copy: names and shapes against config.json
     except ConfigError as e: raise ConfigError(f"{path}: model.safetensors does not fit config.json: {e}") from e
@@ -181,6 +203,27 @@ def load_exported_drafter(
     drafter.to(device)
     for prm in drafter.parameters(): prm.data = prm.data.to(dtype)  # parameters only: RoPE's inv_freq stays fp32
     return drafter.eval()
+
+# %% ../nbs/10_export.ipynb #06f7e8c2
+def check_drafter_fits(cfg,                     # the DrafterConfig about to be built
+                       device=None,             # where it is built (None: the CPU)
+                       block_size: int | None = None,  # the block it drafts (None: its own)
+                       blocks: int = 1,         # blocks drafted in one forward (evaluate's --chunk)
+                       what: str = "config.json"):   # the setting the figures come from, for the message
+    "Refuse (one line with the figures) a drafter whose weights and one draft forward cannot fit `device`'s memory."
+    from dflash_nb.build import available_bytes
+    from dflash_nb.config import ConfigError
+    device = torch.device(device or "cpu")
+    H, I, L, B = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, block_size or cfg.block_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    weights = 4 * (L * (2 * H * q + 2 * H * kv + 3 * H * I) + len(cfg.target_layer_ids) * H * H)
+    forward = 4 * blocks * B * ((cfg.vocab_size or 0) + 4 * H + 3 * I)      # logits and one layer's activations
+    need, have = weights + forward, available_bytes(device)
+    if need > have:
+        raise ConfigError(f"{what}: the drafter (num_hidden_layers={L}, hidden_size={H}, intermediate_size={I}) "
+                          f"drafting {blocks} block(s) of block_size={B} needs at least {need / 2**30:,.1f} GiB on "
+                          f"{device}, {have / 2**30:,.1f} GiB is available")
+
 
 # %% ../nbs/10_export.ipynb #0e2f2594
 def _target_hf_config(tc):
@@ -197,7 +240,7 @@ def _target_hf_config(tc):
 def checkpoint_drafter_config(ckpt):
     "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config."
     from types import SimpleNamespace
-    from dflash_nb.config import load_config, from_dict, read_document
+    from dflash_nb.config import load_config, from_dict, read_document, ConfigError
     from dflash_nb.model import DrafterConfig
     from dflash_nb.train_config import TrainConfig
     from dflash_nb.build import drafter_config, tokenizer_dir
@@ -206,10 +249,26 @@ def checkpoint_drafter_config(ckpt):
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):
         if (d / name).exists():
-            return from_dict(DrafterConfig, read_document(d / name)).validate()
+            doc = read_document(d / name)
+            if not isinstance(doc, dict): raise ConfigError(f"{d / name}: expected a mapping, got {type(doc).__name__}")
+            try: return from_dict(DrafterConfig, doc).validate()
+            except ValueError as e: raise ConfigError(f"{d / name}: {e}") from None
     cfg = load_config(TrainConfig, d / "config.yaml")
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
+
+
+def _checkpoint_step(d: Path):
+    "The step recorded in a checkpoint's state.json (None without one); a malformed one is a one-line error."
+    from dflash_nb.config import ConfigError, read_document
+    if not (d / "state.json").exists(): return None
+    st = read_document(d / "state.json", "json")          # size, depth and syntax bounded
+    if not isinstance(st, dict):
+        raise ConfigError(f"{d / 'state.json'}: expected a JSON object, got {type(st).__name__}")
+    step = st.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ConfigError(f"{d / 'state.json'}: step: expected a whole number >= 0, got {step!r}"[:200])
+    return step
 
 
 def checkpoint_weights(d: Path) -> dict:
@@ -237,7 +296,7 @@ def export_checkpoint(
     cfg = checkpoint_drafter_config(d)
     sd = {k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)
-    step = json.loads((d / "state.json").read_text()).get("step") if (d / "state.json").exists() else None
+    step = _checkpoint_step(d)
     return export_drafter(
         sd,
         cfg,

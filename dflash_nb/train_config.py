@@ -14,14 +14,18 @@ from .checkpoint import CheckpointConfig, FaultConfig
 __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'lr_factor']
 
 # %% ../nbs/08_train_config.ipynb #f08506f4
-def _tiny_keys():
-    "Keyword arguments of `tiny_target` a config may set: its own and its transformers configs' fields."
+def _tiny_keys() -> dict:
+    "Keyword arguments of `tiny_target` a config may set, its own and its transformers configs' fields: {name: type}."
     import inspect
+    from typing import Any
     from transformers import Qwen3Config, Qwen3_5TextConfig, LlamaConfig
     from dflash_nb.target import tiny_target
-    own = [p for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD]
-    hf = set().union(*(c().to_dict() for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig)))
-    return sorted(set(own) | {k for k in hf if not k.startswith("_") and k not in ("dtype", "transformers_version")})
+    kind = lambda v: Optional[type(v)] if type(v) in (int, float, bool, str) else Any  # typed as the default is
+    hf = {k: kind(v) for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig) for k, v in c().to_dict().items()
+          if not k.startswith("_") and k not in ("dtype", "transformers_version")}
+    own = {p: kind(v.default) if v.default is not None else Optional[float]
+           for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD}
+    return dict(sorted({**hf, **own}.items()))
 
 def _drafter_schema():
     "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
@@ -100,6 +104,8 @@ class TrainConfig:
     log_every: int = opt(10, "optimizer steps between metric records (the only host syncs of the hot path)", min=1)
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard "
                                    "(run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
+    sigterm_wait_s: float = opt(60.0, "after SIGTERM, how long the step in progress may take to reach its boundary "
+                                      "(checkpointed there); past it the step is abandoned and the run exits", gt=0)
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), "
                                       "s3://bucket/prefix, or 'auto' (this run_dir if it has one)")

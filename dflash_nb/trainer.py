@@ -25,7 +25,7 @@ from .shards import check_template   # refuses data made with another chat templ
 from .build import (   # chapter Build: devices, precision, the target and the drafter
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
-    drafter_autocast, precision, precision_line, pick_backend)
+    drafter_autocast, precision, precision_line, pick_backend, check_sizes)
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
 
 
@@ -186,6 +186,7 @@ def build_run(cfg: TrainConfig,
     stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
     data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
+    check_sizes(cfg, target_device, drafter_device, target)   # sizes that cannot fit: one line, before allocating
     if target is None: target = build_target(cfg.target, target_device)
     else: target = target.to(target_device).eval().requires_grad_(False)
     check_drafter_memory(cfg, target, drafter_device)   # sizes that cannot fit: one line, before any drafter tensor
@@ -445,13 +446,39 @@ def _report_cost(run: Run, rec: dict, done: int) -> dict:
 
 # %% ../nbs/08_trainer.ipynb #f3a74b62
 class Preemption:
-    "A SIGTERM flag (the handler is installed only in the main thread, and `restore` puts the old one back)."
-    def __init__(self):
-        self.requested = False
+    """A SIGTERM flag the step loop reads at each step boundary; a step that has not reached it `wait_s` seconds later
+    is abandoned (`Terminated` raised where it is, outside a checkpoint save). Installed in the main thread only."""
+    def __init__(self, wait_s: float = 60.0):   # train.sigterm_wait_s
+        self.requested, self.expired, self.saving, self.wait_s, self.timer = False, False, False, wait_s, None
         main = threading.current_thread() is threading.main_thread()
         self.old_handler = signal.signal(signal.SIGTERM, self.handler) if main else None
 
-    def handler(self, signum, frame): self.requested = True
+    def handler(self, signum, frame):
+        if self.expired and not self.saving:
+            from dflash_nb.config import Terminated
+            raise Terminated(f"stopped by SIGTERM: the step in progress did not finish within {self.wait_s:g}s "
+                             "(train.sigterm_wait_s); it was abandoned, the checkpoints written before are kept")
+        if not self.requested and self.old_handler is not None:
+            self.timer = threading.Timer(self.wait_s, self._expire)
+            self.timer.daemon = True
+            self.timer.start()
+        self.requested = True
+
+    def _expire(self):
+        "The step did not reach its boundary in time: deliver SIGTERM again to the main thread (retried during a save)."
+        from dflash_nb.config import exit_after, SIGTERM_GRACE_S
+        if not self.expired: exit_after(SIGTERM_GRACE_S, "SIGTERM: the step in progress never returned")
+        self.expired = True
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
+        if self.saving: self.timer = threading.Timer(1.0, self._expire)
+        if self.saving: self.timer.start()
+
+    @contextlib.contextmanager
+    def hold(self):
+        "A checkpoint save in the block is never abandoned half-way."
+        self.saving = True
+        try: yield
+        finally: self.saving = False
 
     def agree(self, device: torch.device):
         "All ranks: requested if any rank was (an all-reduce, so every rank stops after the same step)."
@@ -460,6 +487,7 @@ class Preemption:
         self.requested = bool(f.item())
 
     def restore(self):
+        if self.timer is not None: self.timer.cancel()
         if self.old_handler is not None: signal.signal(signal.SIGTERM, self.old_handler)
 
 # %% ../nbs/08_trainer.ipynb #8d8211c4
@@ -476,7 +504,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     metrics = Metrics(run.drafter_device, run.block_size)
     metrics.nonfinite_total += counters["nonfinite_total"]
     ckpt = Checkpointer(run, metrics, start)
-    preempt = Preemption()
+    preempt = Preemption(cfg.sigterm_wait_s)
     producer, drafter_clock = make_producer(run, start), Stopwatch(run.drafter_device)
     _announce(run, start)
     run.log.start(start)
@@ -498,13 +526,16 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
                 # sync: one rank's SIGTERM stops every rank after this same step (all-reduced here: we sync anyway)
                 if run.distributed: preempt.agree(run.drafter_device)
             # sync: a checkpoint reads the non-finite counter (none after too many bad steps) and gathers the RNGs
-            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps: ckpt.checkpoint(done)
+            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
+                with preempt.hold(): ckpt.checkpoint(done)
             if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
-                ckpt.checkpoint(done)
+                with preempt.hold(): ckpt.checkpoint(done)
                 stopped = "sigterm"
                 break
         else:
-            if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
+            _some_step_finite(run, metrics, cfg.steps - start, counters["nonfinite_total"])
+            with preempt.hold():
+                if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
             step = cfg.steps
     finally:
         producer.close()
@@ -550,6 +581,13 @@ def _nonfinite_story(run: Run, metrics=None) -> str:
     if latest is not None and good is not None and latest.resolve() != good.resolve():
         where += f" (latest, {latest.name}, holds non-finite weights: resume from {good})"
     return f"non-finite {what or 'values'}; {where}"
+
+def _some_step_finite(run: Run, metrics, ran: int, before: int):
+    "Stop a run none of whose `ran` steps was finite (each one skipped): it learned nothing, and must not look done."
+    bad = int(metrics.nonfinite_total.item()) - before
+    if ran > 0 and bad >= ran:
+        raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped (fewer than max_nonfinite="
+                             f"{run.cfg.max_nonfinite} in a row, yet none trained); {_nonfinite_story(run, metrics)}")
 
 def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
     "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."

@@ -88,7 +88,7 @@ def _shapes(conf):
     ("deep", lambda c: "[" * 50_000 + "]" * 50_000, [], "config.json: nested deeper than 64 levels"),
     ("foreign", lambda c: json.dumps({**c, "architectures": ["LlamaForCausalLM"]}), [], "config.json is not a"),
     ("fields", lambda c: json.dumps({k: v for k, v in c.items() if k != "dflash_nb_drafter_config"}
-                                    | {"hidden_size": "x"}), [], "config.json does not describe a drafter"),
+                                    | {"hidden_size": "x"}), [], "config.json: hidden_size must be a whole number >= 1, got 'x'"),
     ("shapes", _shapes, [], "model.safetensors does not fit config.json"),
     ("good", None, ["--max-new-tokens", "-5"], "--max-new-tokens: must be >= 1, got -5"),
 ])

@@ -56,7 +56,7 @@ def test_report_cli_table_and_picture(two_runs, tmp_path):
         assert steps == "4" and loss == f"{last['loss']:.4f}" and acc1 == f"{last['acc'][0]:.3f}"
         assert tau_est == f"{last['tau_est']:.3f}"
     assert rows["a"][4:6] == [f"{report['tau_before']['tau']:.3f}", f"{report['tau_after']['tau']:.3f}"]
-    assert rows["b"][4:6] == ["-", "-"]
+    assert rows["b"][4:6] == ["—", "—"]
     saved = json.loads((tmp_path / "rows.json").read_text())
     assert [r["run"] for r in saved["runs"]] == ["a", "b"] and saved["picture"] == str(out)
     # the busy shares are the wall-time-weighted means of the intervals after the first
