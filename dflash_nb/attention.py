@@ -120,7 +120,7 @@ def _sdpa(q, k, v, mask, scale):
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-
+# %% ../nbs/04_attention.ipynb #ef810b24
 _COMPILED_FLEX = None
 
 
@@ -134,7 +134,7 @@ def _flex_call(q, k, v, block_mask, scale):
         return _COMPILED_FLEX(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
-
+# %% ../nbs/04_attention.ipynb #d31b7ddb
 def _flex(q, k, v, block_mask, scale):
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(
@@ -145,7 +145,7 @@ def _flex(q, k, v, block_mask, scale):
         q, k, v = q.detach(), k.detach(), v.detach()  # torch refuses CPU inputs that require grad
     return _flex_call(q, k, v, block_mask, scale)
 
-
+# %% ../nbs/04_attention.ipynb #dd0cf0c8
 def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
     from dflash_nb.kernels import anchor_block_attention_triton  # lazy: Triton is only needed for this backend
 
@@ -170,7 +170,7 @@ def _check_shapes(q, k, v, layout):
             f"and S + N·B = {layout.kv_len}"
         )
 
-
+# %% ../nbs/04_attention.ipynb #b14b21bb
 def anchor_block_attention(
     q: torch.Tensor,  # (1, H, N·B, D) block queries
     k: torch.Tensor,  # (1, H_kv, S+N·B, D) keys of [context ; blocks]
@@ -225,7 +225,7 @@ def _probe_row(seq_len, num_anchors, block_size, device):
     anchors = torch.where(keep, anchors, torch.zeros_like(anchors))
     return anchors.to(device), keep.to(device), doc.to(device)
 
-
+# %% ../nbs/04_attention.ipynb #8c5f02ac
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
@@ -274,7 +274,7 @@ def _probe(name, row, q, k, v, kinds):
                 checked += 1
     return "forward+backward ok" + (f", matches the dense reference on {checked} kind(s)" if checked else "")
 
-
+# %% ../nbs/04_attention.ipynb #b320db5a
 def _first_line(e: BaseException, n=300):
     msg = " ".join(str(e).split())
     return f"{type(e).__name__}: {msg[:n]}{'…' if len(msg) > n else ''}"
@@ -336,7 +336,7 @@ def _probe_all(candidates, row, q, k, v, kinds, device) -> tuple[list, list, dic
                 torch.cuda.empty_cache()
     return tried, failures, notes
 
-
+# %% ../nbs/04_attention.ipynb #89576cb4
 def _record_choice(run_dir, rec: dict):
     "Write the choice, its reason, the timings and every attempt to run_dir/attention_backend.json."
     try:

@@ -21,6 +21,7 @@ def dist_env() -> tuple[int, int, int]:
     "(rank, world_size, local_rank) from torchrun's environment; (0, 1, 0) for a plain `python` run."
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
+# %% ../nbs/08_build.ipynb #1a63ec8f
 def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torch.device]:
     "(target_device, drafter_device) of this rank: `devices[local_rank]`, else the rank's own GPU for both, else CPU."
     def dev(name):
@@ -41,6 +42,7 @@ def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torc
         return d, d
     return torch.device("cpu"), torch.device("cpu")
 
+# %% ../nbs/08_build.ipynb #437198b5
 def init_distributed(drafter_device: torch.device) -> bool:
     "Join the process group when launched with more than one rank (NCCL on GPU, gloo on CPU); False for a single rank."
     if dist.is_available() and dist.is_initialized(): return True
@@ -60,6 +62,7 @@ def _cpu_flags() -> set:
     except OSError: return set()
     return {f for line in text.splitlines() if line.startswith("flags") for f in line.split(":", 1)[1].split()}
 
+# %% ../nbs/08_build.ipynb #3069d21b
 def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
     "Measured GFLOP/s of an n×n matmul in `dtype` on this process's threads (best of `reps`)."
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
@@ -70,6 +73,7 @@ def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best / 1e9
 
+# %% ../nbs/08_build.ipynb #8fb84785
 _CPU_BF16 = {}
 
 def cpu_bf16(min_speedup: float = 2.0) -> dict:
@@ -84,6 +88,7 @@ def cpu_bf16(min_speedup: float = 2.0) -> dict:
                                   "fp32_gflops": round(fp32, 1), "bf16_gflops": round(bf16, 1)}
     return _CPU_BF16[min_speedup]
 
+# %% ../nbs/08_build.ipynb #a6de2f41
 def _bf16_fast(device: torch.device) -> bool:
     "bfloat16 matmuls are the fast ones on `device`: every CUDA GPU this project runs on, and CPUs with native bf16."
     return device.type == "cuda" or (device.type == "cpu" and cpu_bf16()["native"])
@@ -93,11 +98,13 @@ def _amp_on(cfg: TrainConfig, device: torch.device) -> bool:
     "Whether the drafter's forward runs under bfloat16 autocast: as set, or auto = where bf16 matmuls are fast."
     return cfg.amp == "bfloat16" or (cfg.amp == "auto" and _bf16_fast(device))
 
+# %% ../nbs/08_build.ipynb #736bf9e5
 def drafter_autocast(cfg: TrainConfig, device: torch.device):
     "The context the drafter's forward and loss run in: bfloat16 autocast where `_amp_on`, else nothing."
     if not _amp_on(cfg, device): return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
+# %% ../nbs/08_build.ipynb #11006b0e
 def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
     "What the run computes in: the target's weight dtype, the drafter's autocast, and the CPU probe behind an `auto`."
     out = {"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
@@ -106,6 +113,7 @@ def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
         out["cpu"] = cpu_bf16()
     return out
 
+# %% ../nbs/08_build.ipynb #29a1f44a
 def precision_line(p: dict) -> str:
     "One line for the log: what `precision` returned, and the probe's numbers when it decided."
     cpu = p.get("cpu")
@@ -119,6 +127,7 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto": return torch.bfloat16 if _bf16_fast(device) else torch.float32
     return getattr(torch, name)
 
+# %% ../nbs/08_build.ipynb #f43849b0
 def tokenizer_dir(tc: TargetConfig) -> Path:
     "Tokenizer directory of the target (the bundled real Qwen3 tokenizer for the tiny target)."
     if tc.tokenizer: return Path(tc.tokenizer)
@@ -126,6 +135,7 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
     from dflash_nb.records import qwen3_tokenizer_dir
     return qwen3_tokenizer_dir()
 
+# %% ../nbs/08_build.ipynb #2bebda30
 def build_target(tc: TargetConfig, device: torch.device):
     "The frozen target CausalLM on `device`."
     from dflash_nb.target import tiny_target, load_target
@@ -133,6 +143,7 @@ def build_target(tc: TargetConfig, device: torch.device):
     if tc.path is None: return tiny_target(**{**tc.tiny, "dtype": dt}).to(device)
     return load_target(tc.path, dtype=dt, device=device, attn_implementation=tc.attn_implementation)
 
+# %% ../nbs/08_build.ipynb #2c51b35e
 def drafter_config(target_model, overrides: dict, tokenizer=None):
     "DrafterConfig from the target's HF config plus `overrides` (the mask token from the tokenizer unless given)."
     from dflash_nb.model import DrafterConfig, resolve_mask_token_id
@@ -143,6 +154,7 @@ def drafter_config(target_model, overrides: dict, tokenizer=None):
         ov["mask_token_id"] = resolve_mask_token_id(tokenizer, hf.vocab_size, None)
     return DrafterConfig.from_target(hf, **ov)
 
+# %% ../nbs/08_build.ipynb #58339e85
 def build_drafter(drafter_cfg, features, device: torch.device, seed: int):
     "A new drafter on `device` (its init depends only on `seed`), sharing the target's frozen embedding and lm_head."
     import copy
@@ -202,6 +214,7 @@ def warm_start_config(init_dir,                 # a serving-format drafter direc
                               f"make them equal, or drop the drafter overrides to take the directory's config")
     return ours
 
+# %% ../nbs/08_build.ipynb #9a7f4870
 def load_warm_start(drafter, init_dir) -> int:
     "Copy the directory's weights into `drafter` (names and shapes must match exactly); returns the tensor count."
     from safetensors.torch import load_file
@@ -228,6 +241,7 @@ def _whole(d: dict, key: str, src: str, default=None) -> int:
         raise ConfigError(f"{src}{key}: expected a positive whole number, got {v!r}")
     return v
 
+# %% ../nbs/08_build.ipynb #45037a84
 def _ids_in_vocab(ids: dict, vocab: int):
     "Every token id named in `ids` ({setting: id or [ids]}) is an embedding row: 0 <= id < vocab."
     for name, v in ids.items():
@@ -235,7 +249,6 @@ def _ids_in_vocab(ids: dict, vocab: int):
             if i is None: continue
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab:
                 raise ConfigError(f"{name}={i!r} is not a token id of the target's vocabulary (0..{vocab - 1})")
-
 
 # %% ../nbs/08_build.ipynb #b0d5e002
 _GIB = 1 << 30
@@ -248,6 +261,7 @@ def available_bytes(device: torch.device) -> int:
         return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+# %% ../nbs/08_build.ipynb #0025e3d7
 def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
     "The drafter's sizes as ints (the overrides, an `init_from` config.json's, else the target's) and their source."
     hf = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
@@ -272,6 +286,7 @@ def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
     dims["head_dim"] = dims["head_dim"] or dims["hidden_size"] // max(1, dims["num_attention_heads"] or 1)
     return dims, prefix
 
+# %% ../nbs/08_build.ipynb #8eae2d68
 def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
                          check: bool = True):   # False: only return the parts ({what: bytes}) for `check_sizes`
     """Refuse (`ConfigError`, one line naming the keys) a drafter whose parameters, AdamW state, activations or logits
@@ -296,6 +311,7 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
     if check: _refuse_beyond(parts, device, "the drafter")
     return parts
 
+# %% ../nbs/08_build.ipynb #d1dfccbd
 def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or {part: the name of its owner}
     "`ConfigError` naming the largest part when `parts` ({what: bytes}) add up to more than `device` has available."
     need, have = sum(parts.values()), available_bytes(device)

@@ -62,6 +62,7 @@ def checkpoint_name(name, where: str = "checkpoint name") -> str:   # where: the
                               "refusing to use it as a path")
     return name
 
+# %% ../nbs/08_checkpoint.ipynb #a88c4704
 def step_of(name: str) -> int:
     "The step number in a checkpoint name."
     return int(checkpoint_name(name)[5:])
@@ -86,6 +87,7 @@ def read_latest(root) -> Optional[str]:
     with open(checked_path(f, within=root), "rb") as h: text = h.read(64)   # a name is 17 bytes; more is not one
     return checkpoint_name(text.decode(errors="replace").strip(), str(f))
 
+# %% ../nbs/08_checkpoint.ipynb #7847002a
 def step_dirs(root) -> list[Path]:
     "The `step-<digits>` directories of `root` (not links), oldest step first; [] when `root` does not exist."
     root = Path(root)
@@ -104,6 +106,7 @@ def rng_state(device: torch.device) -> dict:   # the drafter's device (its CUDA 
         st["numpy"] = (s[0], s[1].tolist(), *s[2:])
     return st
 
+# %% ../nbs/08_checkpoint.ipynb #66872d67
 def set_rng_state(st: dict, device: torch.device):
     "Restore what `rng_state` saved."
     torch.set_rng_state(st["torch"])
@@ -136,6 +139,7 @@ def save_rngs(rngs: list, path):   # rngs: one `rng_state` per rank (None: a ran
         meta.append(m)
     save_file(t, str(path), metadata={"ranks": json.dumps(meta)})
 
+# %% ../nbs/08_checkpoint.ipynb #9d40d3e3
 def load_rngs(path) -> list:
     "What `save_rngs` wrote (only tensors and JSON are read)."
     from safetensors import safe_open
@@ -259,16 +263,19 @@ def _read(path: Path, how):
                               f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
                               f"nothing from it was run; resume from another checkpoint") from None
 
+# %% ../nbs/08_checkpoint.ipynb #458aa7b0
 def _read_state(f: Path) -> dict:
     "state.json, which must hold an integer `step`."
     s = read_json(f)
     if not isinstance(s, dict) or not isinstance(s.get("step"), int): raise ValueError("no integer `step`")
     return s
 
+# %% ../nbs/08_checkpoint.ipynb #c54e6a62
 def _torch_data(f: Path):
     "A torch file read with `weights_only`: tensors and plain containers, never code."
     return torch.load(f, map_location="cpu", weights_only=True)
 
+# %% ../nbs/08_checkpoint.ipynb #3fe4b352
 def load_checkpoint(path) -> dict:   # anything `resolve_checkpoint` accepts
     "What `save_checkpoint` wrote (weights, optimizer, scheduler, rngs, state, dir); data only, never code."
     from safetensors.torch import load_file
@@ -287,6 +294,7 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError: return True
     return True
 
+# %% ../nbs/08_checkpoint.ipynb #3dfb2c1f
 class RunLock:
     "Exclusive ownership of a run dir: `train.lock` holds the owner's pid and host (and an flock while it runs)."
     def __init__(self, run_dir):
@@ -368,6 +376,7 @@ def new_run_id() -> str:
     "A fresh run id: 16 random hex digits."
     return os.urandom(8).hex()
 
+# %% ../nbs/08_checkpoint.ipynb #f967ea9d
 def read_run_id(run_dir) -> Optional[str]:
     "The run id in `run_dir/run.json`; None when there is none (a new dir, or one from before run ids)."
     f = Path(run_dir) / RUN_FILE
@@ -400,6 +409,7 @@ def auto_resume_dir(root) -> Optional[Path]:   # root: a run's checkpoints dir
     if os.path.lexists(Path(root) / "latest"): return resolve_checkpoint(root)
     return newest_complete(root) if step_dirs(root) else None
 
+# %% ../nbs/08_checkpoint.ipynb #68a3ce81
 def _step_run_id(d: Path) -> Optional[str]:
     "The run id in step dir `d`'s state.json; None when it has none (or none that can be read: not a checkpoint)."
     f = d / "state.json"
@@ -467,6 +477,7 @@ def check_run_dir(cfg) -> tuple[Optional[str], Optional[str]]:   # cfg: the trai
                               f"fresh train.run_dir (one that does not exist yet)")
     return mine, theirs
 
+# %% ../nbs/08_checkpoint.ipynb #9cdc6ce1
 def preflight_run_dir(cfg):
     "Refuse, before anything (tokenized data included) is written, a run dir that the trainer would refuse."
     run_dir = Path(cfg.run_dir)

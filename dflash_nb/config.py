@@ -19,11 +19,11 @@ __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S',
 class ExpectedError(Exception):
     "A failure the user can fix (a bad config value, a missing or corrupt file, refused data): one line, exit 2."
 
-
+# %% ../nbs/00_config.ipynb #79b8afe2
 class ConfigError(ExpectedError, ValueError):
     "A config key or value that does not fit the dataclass schema."
 
-
+# %% ../nbs/00_config.ipynb #76a0fc79
 def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None, hidden: bool = False):
     """A dataclass field with a `default` (copied when mutable) and a `help` string; `from_dict` enforces the rest:
     `min`/`max` (inclusive) and `gt` (exclusive) bound a number, or every number of a list; `check(value, cfg)` returns
@@ -59,9 +59,11 @@ def _check_shape(doc, source: str):
         stack.extend((c, depth + 1) for c in children)
     return doc
 
+# %% ../nbs/00_config.ipynb #3d242a8c
 class _Loader(yaml.SafeLoader):
     "PyYAML's safe loader, except that `1e-5` (an exponent without a dot) is a float, as in YAML 1.2 and JSON."
 
+# %% ../nbs/00_config.ipynb #959bc9de
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
@@ -81,6 +83,7 @@ def parse_document(text: str, source: str, fmt: str = "yaml"):
         raise ConfigError(f"{source}: not valid YAML: {getattr(err, 'problem', None) or err}{where}") from None
     return _check_shape(doc, source)
 
+# %% ../nbs/00_config.ipynb #24de388c
 def read_document(path, fmt: str | None = None):
     "Read and parse the YAML or JSON file at `path` (format from its suffix unless `fmt`) within the document limits."
     path = Path(path)
@@ -97,7 +100,7 @@ def _type_name(tp) -> str:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
-
+# %% ../nbs/00_config.ipynb #4a7be4d2
 def _coerce(value, tp, key: str):
     "Check `value` against the annotation `tp`, converting only where it is lossless (int->float, numeric strings)."
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -184,7 +187,7 @@ def _did_you_mean(word, choices) -> str:
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" — did you mean {close[0]}?" if close else ""
 
-
+# %% ../nbs/00_config.ipynb #8144e601
 def from_dict(cls, data: dict | None, prefix: str = ""):
     "Build dataclass `cls` from `data`; an unknown key, a wrong type or a value out of range: `ConfigError` naming it."
     data = dict(data or {})
@@ -199,7 +202,7 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     return validate_config(cls(**kwargs), prefix)
 
-
+# %% ../nbs/00_config.ipynb #4ea21178
 def _out_of_range(x, m: dict) -> str | None:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         return None
@@ -214,7 +217,7 @@ def _out_of_range(x, m: dict) -> str | None:
         return f"must be <= {m['max']}"
     return None
 
-
+# %% ../nbs/00_config.ipynb #fd7beb9e
 def _nonfinite_in(v, key: str) -> tuple | None:
     "(dotted key, value) of the first inf or nan float anywhere inside a dict or list value (None: all finite)."
     stack = [(v, key)]
@@ -225,7 +228,7 @@ def _nonfinite_in(v, key: str) -> tuple | None:
         elif isinstance(node, (list, tuple)): stack.extend((x, f"{k}[{i}]") for i, x in enumerate(node))
     return None
 
-
+# %% ../nbs/00_config.ipynb #b084f3a1
 def _typed_keys(v: dict, schema, key: str) -> dict:
     "The dict field `v` with each value typed by its key's schema: a dataclass's field types, or a {name: type} map."
     if is_dataclass(schema):
@@ -235,12 +238,12 @@ def _typed_keys(v: dict, schema, key: str) -> dict:
         return {k: _coerce(x, schema[k], f"{key}.{k}") if k in schema else x for k, x in v.items()}
     return v
 
-
+# %% ../nbs/00_config.ipynb #e3e65665
 def _empty_text(v, f) -> bool:
     "A blank text where the default is not one: a path or a name left out (`run_dir=` would mean the current dir)."
     return isinstance(v, str) and not v.strip() and f.default != ""
 
-
+# %% ../nbs/00_config.ipynb #7cc38aad
 def validate_config(cfg, prefix: str = ""):
     "Check every field of `cfg`, nested sections included, against its `opt` ranges, `keys` and `check`; returns `cfg`."
     fs = [(f, getattr(cfg, f.name), prefix + f.name) for f in fields(cfg)]
@@ -271,7 +274,7 @@ def validate_config(cfg, prefix: str = ""):
             raise ConfigError(f"{key}: {why}, got {v!r}")
     return cfg
 
-
+# %% ../nbs/00_config.ipynb #281d0ddb
 def to_dict(cfg) -> dict:
     "Plain (YAML-safe) dict of a dataclass config, recursively."
 
@@ -298,7 +301,7 @@ def _set_dotted(d: dict, key: str, value):
             raise ConfigError(f"{key}: {p} is not a section")
     node[last] = value
 
-
+# %% ../nbs/00_config.ipynb #e7bf5499
 def parse_override(item: str) -> tuple[str, object]:
     "Split `key=value`; the value is read as YAML (`true`, `3`, `[1, 2]`, `null`), kept as text when it is not YAML."
     if "=" not in item:
@@ -315,7 +318,7 @@ def parse_override(item: str) -> tuple[str, object]:
         value = raw
     return key, value
 
-
+# %% ../nbs/00_config.ipynb #c8d07cc5
 def apply_overrides(
     data: dict,  # nested config data, e.g. a YAML file's; not modified
     overrides=(),  # `key=value` texts (the command line), or a dict {key: value} of values already typed (code)
@@ -340,6 +343,7 @@ def load_config(cls, path=None, overrides=()):
         if not isinstance(data, dict): raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return from_dict(cls, apply_overrides(data, overrides))
 
+# %% ../nbs/00_config.ipynb #0d805dd6
 def save_config(cfg, path) -> Path:
     "Write `cfg` as YAML to `path` (what a run directory keeps of its config)."
     path = Path(path)
@@ -351,7 +355,7 @@ def save_config(cfg, path) -> Path:
 def _range_text(m) -> str:
     return ", ".join(f"{op} {m[k]}" for k, op in (("gt", ">"), ("min", ">="), ("max", "<=")) if k in m)
 
-
+# %% ../nbs/00_config.ipynb #c216560f
 def _help_type(tp) -> str:
     "How `--help` names a type: `{a, b}` for a `Literal`'s choices, `int or null` for `Optional[int]`, `list[int]`."
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -363,7 +367,7 @@ def _help_type(tp) -> str:
         return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _help_type(a) for a in args)}]"
     return "any" if tp is typing.Any else _type_name(tp)
 
-
+# %% ../nbs/00_config.ipynb #3c80597e
 def _keys_text(keys) -> str:
     "The keys a dict field accepts (`opt(keys=...)`): names, with their types where the schema is a dataclass."
     schema = keys()
@@ -380,7 +384,7 @@ def _keys_text(keys) -> str:
         lines[-1] += " " + n
     return "\n".join(lines)
 
-
+# %% ../nbs/00_config.ipynb #e8cd2cbe
 def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
     """One line per field, `key (type, default[, range]): help`, nested sections flattened with dotted keys; a
     dict field with a key schema lists its keys below. Fields declared `opt(..., hidden=True)` show only with
@@ -409,7 +413,7 @@ def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
             lines.append(_keys_text(f.metadata["keys"]))
     return "\n".join(l for l in lines if l)
 
-
+# %% ../nbs/00_config.ipynb #bfcafb5f
 def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
     "Parse `[--config FILE] [key=value ...]` into `cls`; `--help` prints every key with its help and exits."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -436,7 +440,7 @@ def error_line(err: BaseException) -> str:
         msg = f"{err.filename}: {err.strerror}"
     return " ".join((msg or type(err).__name__).split())
 
-
+# %% ../nbs/00_config.ipynb #4c60e093
 def invoked_as(prog: str) -> str:
     """The command line as the user started it: the console script's name (`dflash-train`) when run through one; else
     `python -m dflash_nb.train` for a module name `prog` of this package; any other `prog` as it is."""
@@ -445,7 +449,7 @@ def invoked_as(prog: str) -> str:
         return script
     return f"python -m {prog}" if prog.startswith("dflash_nb.") else prog
 
-
+# %% ../nbs/00_config.ipynb #4d165729
 _DISK_FULL_TEXTS = (
     "No space left on device",
     "os error 28",  # safetensors: "I/O error: ... (os error 28)"
@@ -468,7 +472,7 @@ def disk_full(err: BaseException) -> bool:
         err = err.__cause__ or err.__context__
     return False
 
-
+# %% ../nbs/00_config.ipynb #2c84c6dc
 def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
     """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
     gives 2; SIGTERM, one line and 143; a bug raises; `--debug` also prints the traceback."""
@@ -505,7 +509,7 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         return 2
     return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
 
-
+# %% ../nbs/00_config.ipynb #c7ad0d65
 import argparse
 
 
@@ -522,6 +526,7 @@ class CliParser(argparse.ArgumentParser):
 class Terminated(BaseException):
     "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
 
+# %% ../nbs/00_config.ipynb #cfa5bc08
 SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
 
 _WATCHDOGS = []   # the armed watchdogs' stop events
@@ -537,10 +542,12 @@ def exit_after(grace: float, why: str):
     _WATCHDOGS.append(stop)
     threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
 
+# %% ../nbs/00_config.ipynb #065a3558
 def disarm_watchdogs():
     "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
     while _WATCHDOGS: _WATCHDOGS.pop().set()
 
+# %% ../nbs/00_config.ipynb #f8d69d56
 _OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
 
 def _on_sigterm(signum, frame):
@@ -552,6 +559,7 @@ def _on_sigterm(signum, frame):
     exit_after(SIGTERM_GRACE_S, "SIGTERM")
     raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
 
+# %% ../nbs/00_config.ipynb #b6f67dd5
 @contextlib.contextmanager
 def sigterm_raises():
     "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
@@ -566,7 +574,6 @@ def sigterm_raises():
     finally:
         _OWNER.pop()
         signal.signal(signal.SIGTERM, old)
-
 
 # %% ../nbs/00_config.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:

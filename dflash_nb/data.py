@@ -18,12 +18,12 @@ def main(argv=None) -> int:
     "Command line of `python -m dflash_nb.data`: an expected failure is one line and exit 2 (`--debug`: the stack)."
     return run_cli(_main, argv, prog="dflash_nb.data")
 
-
+# %% ../nbs/01d_data.ipynb #08afa140
 def cli():
     "Console script `dflash-data` (`python -m dflash_nb.data`): `main` runs through `run_cli`; its int is the exit code"
     sys.exit(main())
 
-
+# %% ../nbs/01d_data.ipynb #e05332a1
 def _main(argv: list) -> int:
     import argparse
     from dflash_nb.config import config_help, CliParser

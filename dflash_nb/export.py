@@ -23,6 +23,7 @@ from .config import ExpectedError
 class NonFiniteWeightsError(ExpectedError, ValueError):
     "A tensor holding inf or nan, or values beyond the range of the dtype it is to be written in."
 
+# %% ../nbs/10_export.ipynb #49258ede
 def check_finite_weights(sd: dict, dtype: torch.dtype | None = None, source: str = "the drafter"):
     "Refuse (one line naming the tensor) a state dict with a non-finite value, or one that `dtype` cannot hold."
     for k, v in sd.items():
@@ -36,7 +37,6 @@ def check_finite_weights(sd: dict, dtype: torch.dtype | None = None, source: str
                                         f"'s largest value {torch.finfo(dtype).max:.3g}: it would be written as inf; "
                                         "export in float32 or bfloat16")
 
-
 # %% ../nbs/10_export.ipynb #76765be0
 def _umask() -> int:
     "This process's umask (read by setting it and putting it back)."
@@ -44,6 +44,7 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
+# %% ../nbs/10_export.ipynb #f4bac12e
 _FROZEN = ("embed_tokens", "lm_head")
 
 from .config import ExpectedError
@@ -51,6 +52,7 @@ from .config import ExpectedError
 class CorruptWeightsError(ExpectedError, ValueError):
     "A weights file that is not a readable safetensors file (truncated, or something else under that name)."
 
+# %% ../nbs/10_export.ipynb #b5b83a40
 def read_safetensors(path) -> dict:
     "Tensors of a safetensors file (data only, never code); a file that is not one is an error naming it."
     from safetensors.torch import load_file
@@ -60,6 +62,7 @@ def read_safetensors(path) -> dict:
         raise CorruptWeightsError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e}); "
                                   "re-export it or pick another checkpoint") from None
 
+# %% ../nbs/10_export.ipynb #fa2831bb
 def write_modeling_code(out_dir) -> dict:
     "Write the self-contained `modeling_dflash.py` (chapter 09b) into `out_dir`; return the config's `auto_map`."
     import importlib.util
@@ -68,6 +71,7 @@ def write_modeling_code(out_dir) -> dict:
     (Path(out_dir) / "modeling_dflash.py").write_text("\n".join(keep).strip() + "\n")
     return {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 
+# %% ../nbs/10_export.ipynb #1d5250db
 def serving_state_dict(
     drafter_or_state,  # a DFlashDrafter, or its trainable_state_dict (optionally with a DDP `module.` prefix)
     dtype: torch.dtype | None = None,  # cast floating tensors (e.g. torch.bfloat16); None keeps them
@@ -87,6 +91,7 @@ def serving_state_dict(
     if bad: raise ValueError(f"unexpected tensors for the serving format: {bad[:5]}")
     return out
 
+# %% ../nbs/10_export.ipynb #43b877d4
 _EXPORT_MARK = ".dflash_nb_export.json"   # the files an export wrote: what a later --overwrite may replace
 
 def _export_files(out: Path):
@@ -100,6 +105,7 @@ def _export_files(out: Path):
         owned |= set(json.loads((out / _EXPORT_MARK).read_text())["files"])
     return owned
 
+# %% ../nbs/10_export.ipynb #88df2dc1
 def check_export_dir(
     out,                    # the directory an export is about to replace
     overwrite: bool = False,  # may a previous drafter export there be replaced?
@@ -124,6 +130,7 @@ def check_export_dir(
         raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, or pick another "
                               f"--out directory")
 
+# %% ../nbs/10_export.ipynb #0ca234c9
 def export_drafter(
     drafter_or_state,       # a DFlashDrafter or its trainable_state_dict
     drafter_config=None,    # the DrafterConfig it was trained with (None: the drafter's own `.config`)
@@ -174,6 +181,7 @@ def _check_shapes(sd: dict, cfg):
         raise ConfigError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
                          f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
 
+# %% ../nbs/10_export.ipynb #903efb92
 def load_exported_drafter(
     path,                 # an exported directory (config.json + model.safetensors)
     embed_tokens,         # the target's input embedding (frozen, shared)
@@ -236,7 +244,7 @@ def _target_hf_config(tc):
 
     return AutoConfig.from_pretrained(tc.path, trust_remote_code=False)
 
-
+# %% ../nbs/10_export.ipynb #68ac8c73
 def checkpoint_drafter_config(ckpt):
     "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config."
     from types import SimpleNamespace
@@ -257,7 +265,7 @@ def checkpoint_drafter_config(ckpt):
     hf = _target_hf_config(cfg.target)
     return drafter_config(SimpleNamespace(config=hf), cfg.drafter, load_tokenizer(tokenizer_dir(cfg.target)))
 
-
+# %% ../nbs/10_export.ipynb #76a12552
 def _checkpoint_step(d: Path):
     "The step recorded in a checkpoint's state.json (None without one); a malformed one is a one-line error."
     from dflash_nb.config import ConfigError, read_document
@@ -270,7 +278,7 @@ def _checkpoint_step(d: Path):
         raise ConfigError(f"{d / 'state.json'}: step: expected a whole number >= 0, got {step!r}"[:200])
     return step
 
-
+# %% ../nbs/10_export.ipynb #e989a58c
 def checkpoint_weights(d: Path) -> dict:
     "The drafter's weights in a checkpoint (`drafter.safetensors`) or a serving dir (`model.safetensors`)."
     from safetensors.torch import load_file
@@ -280,7 +288,7 @@ def checkpoint_weights(d: Path) -> dict:
             return read_safetensors(d / name)
     raise FileNotFoundError(f"{d}: no drafter.safetensors or model.safetensors")
 
-
+# %% ../nbs/10_export.ipynb #7177405c
 def export_checkpoint(
     checkpoint,  # a trainer checkpoint dir, or a run / checkpoints dir (its `latest`)
     out_dir,  # the serving directory to write
@@ -351,7 +359,7 @@ def main(argv=None):
     )
     return out
 
-
+# %% ../nbs/10_export.ipynb #45f1ddf4
 def cli():
     "Console script `dflash-export` (`python -m dflash_nb.export`): `main` through `run_cli`; its path is no exit code."
     from dflash_nb.config import run_cli

@@ -39,6 +39,7 @@ _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?",
 class GGUFError(ValueError):
     "A file that is not a well-formed GGUF file."
 
+# %% ../nbs/07b_gguf.ipynb #fe01b8fe
 def check_gguf_header(path) -> dict:
     "Walk the GGUF header (metadata, tensor infos) bounding each count by the bytes left: {tensors, entries, version}."
     import struct
@@ -75,7 +76,6 @@ def check_gguf_header(path) -> dict:
             if dims > 8: raise GGUFError(f"{path}: tensor {name} claims {dims} dimensions")
             take(8 * dims + 12, f"tensor {name} shape, type and offset")
     return {"version": version, "tensors": tensors, "entries": entries}
-
 
 # %% ../nbs/07b_gguf.ipynb #81d054bd
 _GGUF_RECORD = "gguf.json"   # written last into a conversion: its `files` are what a later --replace may replace
@@ -114,6 +114,7 @@ def load_gguf_model(gguf_path, dtype: torch.dtype = torch.float32):
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype, **kw)
     return model.eval().requires_grad_(False)
 
+# %% ../nbs/07b_gguf.ipynb #ddd50b81
 def plain_model(model, dtype: torch.dtype = torch.float32):
     "The same architecture without the quantization config, holding `model`'s weights (so save_pretrained accepts it)."
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -180,6 +181,7 @@ def main(argv=None) -> int:
     print(f"converted {src} -> {out} ({json.loads((out / 'gguf.json').read_text())['mask_token']} is the mask token)")
     return 0
 
+# %% ../nbs/07b_gguf.ipynb #9b3bdb60
 def cli():
     "Console script `dflash-gguf` (same as `python -m dflash_nb.gguf`): expected failures are one line and exit 2."
     from dflash_nb.config import run_cli

@@ -25,20 +25,25 @@ class InputFile:
     name: str
     size: int
 
+# %% ../nbs/01b_inputs.ipynb #5febf525
 class InputError(ExpectedError):
     "An input that cannot be listed or read (the message names it)."
 
 # %% ../nbs/01b_inputs.ipynb #94106f6a
 _GLOB = set("*?[")
 def _has_glob(s: str) -> bool: return any(c in _GLOB for c in s)
+
+# %% ../nbs/01b_inputs.ipynb #ea3570cd
 def _is_data_name(n: str) -> bool: return n.endswith((".jsonl", ".json"))
 
+# %% ../nbs/01b_inputs.ipynb #4b5d3e41
 def _glob_base(pattern: str) -> str:
     "The leading part of `pattern` before the first path component with a glob character."
     parts = pattern.split("/")
     i = next(i for i, p in enumerate(parts) if _has_glob(p))
     return "/".join(parts[:i]) or ("/" if pattern.startswith("/") else "")
 
+# %% ../nbs/01b_inputs.ipynb #43231983
 def _glob_regex(pattern: str) -> "re.Pattern":
     "Regex with local glob semantics for S3 keys: `*` and `?` stay within one path component, `**/` spans any number."
     out, i = [], 0
@@ -84,6 +89,7 @@ def _walk_files(base: Path):
                 elif e.is_file(): yield Path(e.path)
             except OSError: continue
 
+# %% ../nbs/01b_inputs.ipynb #13f42f0c
 def _list_local(spec: str) -> list[InputFile]:
     p = Path(spec)
     if _has_glob(spec):
@@ -109,12 +115,14 @@ def _s3(cfg: DataConfig):
     "The process's S3 client for `cfg` (chapter 00b_storage), with `cfg.s3_retries` retries, shared by every reader."
     return s3_client(cfg.s3_endpoint_url, retries=cfg.s3_retries, reuse=True)
 
+# %% ../nbs/01b_inputs.ipynb #0721b7d8
 def _s3_keys(client, bucket: str, prefix: str, page_size: int):
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix,
                                                                  PaginationConfig={"PageSize": page_size}):
         for o in page.get("Contents", []):
             if not o["Key"].endswith("/"): yield o["Key"], o["Size"]
 
+# %% ../nbs/01b_inputs.ipynb #d9188338
 def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
     try: bucket = split_s3(spec)[0]
     except ValueError as err: raise InputError(f"input {err}") from None
@@ -128,6 +136,7 @@ def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
     strip = len(base) + 1 if base else 0
     return sorted((InputFile(f"s3://{bucket}/{k}", k[strip:], n) for k, n in objs), key=lambda f: f.name)
 
+# %% ../nbs/01b_inputs.ipynb #78ff0f44
 def _s3_objects(spec: str, cfg: DataConfig) -> tuple[list, str]:
     bucket, key = split_s3(spec)
     client = _s3(cfg)
@@ -207,6 +216,7 @@ class S3RangeReader(io.RawIOBase):
         self.close_body()
         super().close()
 
+# %% ../nbs/01b_inputs.ipynb #f91ac4de
 _THROTTLE = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed"}
 def _s3_error(err) -> tuple[Optional[str], Optional[int]]:
     "(error code, HTTP status) of a botocore ClientError; (None, None) for connection errors and the like (retried)."
@@ -236,12 +246,14 @@ class ShardTask:
     key: str
     dataset: str = ""
 
+# %% ../nbs/01b_inputs.ipynb #66c25213
 def dataset_id(cfg: DataConfig, fingerprints: dict) -> str:
     "A data set's identity (16 hex digits): format, content settings, `fingerprints` (tokenizer, template, inputs)."
     content = {k: getattr(cfg, k) for k in CONTENT_FIELDS}
     return sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True,
                                  default=str))[:16]
 
+# %% ../nbs/01b_inputs.ipynb #70b1a91d
 def plan_shards(files: list[InputFile], cfg: DataConfig, fingerprints: dict) -> list[ShardTask]:
     "Deterministic shard plan: every file cut into `shard_bytes` ranges, numbered in input order."
     content = {k: getattr(cfg, k) for k in CONTENT_FIELDS}
@@ -283,11 +295,13 @@ def _file_hash(f: InputFile, cfg: DataConfig) -> str:
         raise InputError(f"input {f.uri}: cannot read it: {type(err).__name__}: {why}") from None
     return "sha256:" + h.hexdigest()[:32]
 
+# %% ../nbs/01b_inputs.ipynb #f0552182
 def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) -> list[dict]:
     "Each input as the manifest lists it: name, size and content hash (sha256 of the bytes)."
     cfg = cfg or DataConfig()
     return [{"name": f.name, "size": f.size, "hash": _file_hash(f, cfg)} for f in files]
 
+# %% ../nbs/01b_inputs.ipynb #c68dd230
 def input_id(inputs: list[dict]) -> str:
     "Identity (16 hex digits) of the inputs in `input_fingerprints`: another file, name or content, another id."
     return sha256_hex(json.dumps(inputs, sort_keys=True))[:16]
@@ -327,6 +341,7 @@ def _sentence(r) -> str:
     s = " ".join(w)
     return s[0].upper() + s[1:] + r.choice(".....?!:;")
 
+# %% ../nbs/01b_inputs.ipynb #785eb040
 def _code(r) -> str:
     lines = [f"def {'_'.join(r.sample(_IDS, 2))}({', '.join(r.sample(_IDS, r.randint(1, 3)))}):",
              f"    '''{_sentence(r)}'''"]
@@ -338,6 +353,7 @@ def _code(r) -> str:
                                f"    {a}.append({b}[{r.randint(0, 9)}])", f"    # {_sentence(r).lower()}"]))
     return "```python\n" + "\n".join(lines + [f"    return {r.choice(_IDS)}"]) + "\n```"
 
+# %% ../nbs/01b_inputs.ipynb #6da80ed0
 def _math(r) -> str:
     a, b, c = (r.randint(1, 99) for _ in range(3))
     v = r.choice("xyzn")
@@ -347,6 +363,7 @@ def _math(r) -> str:
                      "\\]",
                      f"Then {a} * {b} = {a * b} and {a * b} mod {c} = {a * b % c}."])
 
+# %% ../nbs/01b_inputs.ipynb #a2ee51f9
 def _mixed(r, n_chars: int) -> str:
     parts, size = [], 0
     while True:

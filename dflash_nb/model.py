@@ -389,6 +389,7 @@ def context(self: DFlashDrafter, features: torch.Tensor) -> torch.Tensor:
     w = self.fc.weight
     return self.hidden_norm(self.fc(features.to(device=w.device, dtype=w.dtype)))
 
+# %% ../nbs/05_model.ipynb #974a44ee
 @patch
 def rope(self: DFlashDrafter, context_position_ids, block_position_ids, dtype):
     "(cos_q, sin_q, cos_k, sin_k): queries at block positions, keys at [context ; block] positions."
@@ -425,11 +426,13 @@ def logits(self: DFlashDrafter, hidden: torch.Tensor) -> torch.Tensor:
     w = self.lm_head.weight
     return F.linear(hidden.to(device=w.device, dtype=w.dtype), w, getattr(self.lm_head, "bias", None))
 
+# %% ../nbs/05_model.ipynb #ab7f5d75
 @patch
 def trainable_state_dict(self: DFlashDrafter) -> dict[str, torch.Tensor]:
     "The drafter's own weights (export names; no embed_tokens/lm_head)."
     return {k: v for k, v in self.state_dict().items()}
 
+# %% ../nbs/05_model.ipynb #b584a3ae
 @patch
 def load_trainable_state_dict(self: DFlashDrafter, sd: dict[str, torch.Tensor]):
     "Load weights saved by `trainable_state_dict` (strict: names and shapes must match)."

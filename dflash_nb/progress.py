@@ -90,12 +90,14 @@ def rate(self: Progress) -> Optional[float]:
     dt = time.perf_counter() - self.t_warm
     return (self.n - self.n_warm) / dt if dt > 0 else None
 
+# %% ../nbs/00c_progress.ipynb #dc0bc8e4
 @patch
 def eta(self: Progress) -> Optional[float]:
     "Seconds left at the measured rate; None while unmeasured or when the total is unknown."
     r = self.rate()
     return (self.total - self.n) / r if r and self.total is not None else None
 
+# %% ../nbs/00c_progress.ipynb #f39f9b7f
 @patch
 def elapsed(self: Progress) -> float: return time.perf_counter() - self.t0
 
@@ -113,6 +115,7 @@ def update(self: Progress, n: int = 1, **fields):
             self.bar.update(n)
         elif self.mode == "lines" and time.perf_counter() - self.t_line >= self.every_s: self._line()
 
+# %% ../nbs/00c_progress.ipynb #c0a304fd
 @patch
 def set(self: Progress, **fields):
     "Show `fields` (name=str) after the rate from now on."
@@ -128,6 +131,7 @@ def _status(self: Progress) -> str:
     parts += [f"{k} {v}" for k, v in self.fields.items()]
     return " | ".join(parts)
 
+# %% ../nbs/00c_progress.ipynb #c4a6706d
 @patch
 def _line(self: Progress, what: str = "", counted: bool = True):
     "One plain line: `desc: n/total unit (pct%) | elapsed | rate | ETA | fields`."
@@ -191,6 +195,7 @@ def close(self: Progress, what: str = "done"):
 @patch
 def __enter__(self: Progress): return self
 
+# %% ../nbs/00c_progress.ipynb #373a1009
 @patch
 def __exit__(self: Progress, typ, *_):   # a generator left early (GeneratorExit) is done, not stopped
     self.close("done" if typ in (None, GeneratorExit) else "stopped")

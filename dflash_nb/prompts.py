@@ -29,6 +29,7 @@ def _user(rec: dict, key: str) -> str:
     if not v.strip(): raise RecordError("empty", f"{key!r} is empty")
     return v
 
+# %% ../nbs/01d_prompts.ipynb #ee4788f0
 def _user_turns(rec: dict, key: str) -> tuple[list, list]:
     "(first user message, later user turns) from a list of strings in `rec[key]` (MT-Bench's `turns`)."
     from dflash_nb.records import RecordError
@@ -37,6 +38,7 @@ def _user_turns(rec: dict, key: str) -> tuple[list, list]:
     turns = [_user({f"{key}[{i}]": t}, f"{key}[{i}]") for i, t in enumerate(v)]
     return [{"role": "user", "content": turns[0]}], turns[1:]
 
+# %% ../nbs/01d_prompts.ipynb #3f257b1c
 def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
     "(messages, later user turns) of this project's own shapes: `prompt` (a string or a list of turns) or `messages`."
     from dflash_nb.records import normalize_messages, RecordError
@@ -48,6 +50,7 @@ def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
         return normalize_messages(rec.get("messages", prompt), {}, role_map, PROMPT_ROLES), []
     raise RecordError("missing_field", "no prompt or messages field")
 
+# %% ../nbs/01d_prompts.ipynb #3f679d12
 def _mbpp_text(rec: dict) -> str:
     "MBPP's task and its tests as the MBPP paper prompts them (the task is `text`, or `prompt` in the sanitized split)."
     text = _user(rec, "text" if "text" in rec else "prompt")
@@ -55,6 +58,7 @@ def _mbpp_text(rec: dict) -> str:
     if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests): return text
     return text + "\nYour code should pass these tests:\n\n" + "\n".join(tests)
 
+# %% ../nbs/01d_prompts.ipynb #a4bde7f1
 def _alpaca_text(rec: dict) -> str:
     "Alpaca's instruction, then its input when there is one."
     from dflash_nb.records import RecordError
@@ -63,6 +67,7 @@ def _alpaca_text(rec: dict) -> str:
         raise RecordError("wrong_type", f"'input' must be a string, got {type(extra).__name__}")
     return _user(rec, "instruction") + ("\n\n" + extra if extra.strip() else "")
 
+# %% ../nbs/01d_prompts.ipynb #c635007a
 def _single(text: str) -> tuple[list, list]: return [{"role": "user", "content": text}], []
 
 # %% ../nbs/01d_prompts.ipynb #2819f7af
@@ -127,6 +132,7 @@ def _jsonl_records(p: Path, max_bytes: int):
             try: yield f"{p}:{n}", parse_line(line)
             except RecordError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e})") from None
 
+# %% ../nbs/01d_prompts.ipynb #ef75455d
 def _too_much(p: Path, where: str) -> Exception:
     return PromptFileError(f"{p}: {where}: the records read reach {MAX_PROMPT_FILE_BYTES >> 20} MiB, more than a "
                            "prompt file holds; pass --max-prompts to read only the first ones")
@@ -150,6 +156,7 @@ def _decoded_bytes(arr) -> int:
     if _is_bytes(t): return int(pc.sum(pc.binary_length(arr)).as_py() or 0)
     return 8 * len(arr)
 
+# %% ../nbs/01d_prompts.ipynb #c056904e
 def _is_bytes(t) -> bool:
     import pyarrow as pa
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
@@ -165,6 +172,7 @@ def _parquet_file(p: Path):
     except Exception as e:   # pyarrow raises several types for a damaged file: all are "not readable" here
         raise PromptFileError(f"{p}: not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
 
+# %% ../nbs/01d_prompts.ipynb #2fd18efa
 def _check_group(p: Path, pf, g: int, room: int):
     "Refuse row group `g` when its footer says it holds more leaf values, or more bytes to decompress, than allowed."
     md = pf.metadata.row_group(g)
@@ -209,6 +217,7 @@ def _json_array_records(p: Path, max_bytes: int):
             raise PromptFileError(f"{p}: record {n}: record larger than {max_bytes} bytes (--max-record-bytes)")
         yield f"{p}: record {n}", rec
 
+# %% ../nbs/01d_prompts.ipynb #877421c5
 def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES):
     "(where, record) of a JSONL, Parquet or JSON-array file, told apart by their first bytes, never read whole first."
     from dflash_nb.storage import checked_path
@@ -230,6 +239,7 @@ class MultiTurn:
     decode: object     # generated token ids -> the assistant turn's text
     def first_prompt(self) -> torch.Tensor: return self.render(self.messages)
 
+# %% ../nbs/01d_prompts.ipynb #34ae8828
 @dataclass
 class PromptFile:
     "The conversations of one prompt file (it indexes and iterates like their list) and how it was read."

@@ -40,6 +40,7 @@ def _first_diff(a: list, b: list) -> int:
     "Index of the first position where `a` and `b` differ (the shorter length when one is a prefix of the other)."
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
+# %% ../nbs/01g_regen.ipynb #423ba015
 @torch.inference_mode()
 def _greedy_prefix(target, prompt_ids: list[int], gen: list[int]) -> int:
     "How many leading tokens of `gen` are the argmax of one batch-1 forward over prompt + gen (the verifier's view)."
@@ -66,6 +67,7 @@ def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], g
         gen = gen[:min(n, len(gen) - 1)]
     return "", 0
 
+# %% ../nbs/01g_regen.ipynb #98b1e9a3
 def _assistant(text: str) -> dict:
     "The assistant turn as the template reads it: reasoning the target wrote in <think>…</think> apart from the answer."
     from dflash_nb.records import split_think
@@ -134,6 +136,7 @@ class Sampling:
     @property
     def greedy(self) -> bool: return self.temperature == 0
 
+# %% ../nbs/01g_regen.ipynb #59d242b8
 def recommended_sampling(gen_cfg: dict) -> Sampling:
     "What a target's generation config recommends: greedy unless `do_sample`; a field it leaves out cuts nothing."
     if not gen_cfg.get("do_sample"): return Sampling()
@@ -151,6 +154,7 @@ def generation_config(target_dir) -> dict:
         return cfg if keys is None else {k: cfg[k] for k in keys if k in cfg}
     return {}
 
+# %% ../nbs/01g_regen.ipynb #dfccebae
 def end_ids(gen_cfg: dict) -> list[int]:
     "The end tokens of a generation config (`eos_token_id`: one id or a list)."
     e = gen_cfg.get("eos_token_id")
@@ -199,6 +203,7 @@ def generate(engine, check: CompletionCheck, convs: list[list[dict]], max_new_to
                           stop_token_ids=check.stop)
     return ids, out["outputs"], out["seconds"]
 
+# %% ../nbs/01g_regen.ipynb #a7db53bd
 def check_completions(check: CompletionCheck, convs, ids, outputs, verify=None,
                       desc: Optional[str] = None) -> tuple[list[str], dict]:   # desc: a progress line (None: quiet)
     "JSONL lines of the checked completions (`CompletionCheck.record`) and the counts summed."
@@ -234,6 +239,7 @@ MANIFEST = "regen.manifest"   # JSON, but not *.json: `dflash-data --input DIR` 
 
 def shard_name(i: int) -> str: return f"shard-{i:05d}.jsonl"
 
+# %% ../nbs/01g_regen.ipynb #fe479758
 def prompts_sha(convs) -> str:
     "Content hash of a prompt list: what a resumed run must complete again to write the same shards."
     h = hashlib.sha256()
@@ -262,6 +268,7 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     out_dir.mkdir(parents=True, exist_ok=True)
     return dict(want, shards={})
 
+# %% ../nbs/01g_regen.ipynb #70a267c5
 def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
     "The manifest in `out_dir` (None: there is none); one that is not this program's is refused."
     try: have = json.loads((out_dir / MANIFEST).read_text())
@@ -296,6 +303,7 @@ def pending_shards(man: dict, out_dir) -> list[int]:
     done = lambda i: str(i) in man["shards"] and (Path(out_dir) / shard_name(i)).is_file()
     return [i for i in range(-(-man["prompts"] // man["shard_size"])) if not done(i)]
 
+# %% ../nbs/01g_regen.ipynb #fe480327
 def totals(man: dict) -> dict:
     "The counts of a manifest's finished shards summed, and how many shards of how many are done."
     out = dict(shards=-(-man["prompts"] // man["shard_size"]), done=len(man["shards"]))
@@ -342,6 +350,7 @@ def auto_dtype(dtype: str, device=None) -> str:
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return "float32" if dev.type == "cpu" else "bfloat16"
 
+# %% ../nbs/01g_regen.ipynb #5d1fd260
 @contextlib.contextmanager
 def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", device=None, batch_size: int = 32,
                 seed: int = 0, **vllm_kwargs):   # passed to the vLLM engine (e.g. tokenizer=DIR, max_model_len=N)
@@ -363,11 +372,13 @@ def main(argv=None) -> int:
     from dflash_nb.prompts import PromptFileError
     return run_cli(_main, argv, prog="dflash_nb.regen", expected=(PromptFileError, *serving_errors()))
 
+# %% ../nbs/01g_regen.ipynb #d89cba54
 def serving_errors() -> tuple:
     "The serving bridge's failures, which a command reports as one line (no vLLM environment, a refused model, ...)."
     from dflash_nb.serving import ServingError, ServingUnavailable
     return (ServingError, ServingUnavailable)
 
+# %% ../nbs/01g_regen.ipynb #c4b97e2d
 def cli():
     "Console script `dflash-regen` (`python -m dflash_nb.regen`); `main` returns `run_cli`'s exit code."
     sys.exit(main())
@@ -419,6 +430,7 @@ def _data_config(a) -> DataConfig:
         cfg = validate_config(dataclasses.replace(cfg, chat_template_kwargs={**cfg.chat_template_kwargs, **kw}))
     return cfg
 
+# %% ../nbs/01g_regen.ipynb #2212c8c2
 def _positive(a):
     for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
                  "max_shards"):

@@ -24,6 +24,7 @@ class RunRecord:
     config: dict | None = None                  # config.yaml
     problems: list = field(default_factory=list)
 
+# %% ../nbs/12_report.ipynb #81bfa347
 def _read_json(path: Path, problems: list, why: str):
     "The JSON object in `path`, or None with one line in `problems` (`why` says what is missing without it)."
     if not path.is_file():
@@ -37,6 +38,7 @@ def _read_json(path: Path, problems: list, why: str):
     problems.append(f"{path.name} does not hold a JSON object")
     return None
 
+# %% ../nbs/12_report.ipynb #469a7278
 def _read_metrics(path: Path, problems: list) -> list[dict]:
     "Step records of metrics.jsonl, read line by line; bad lines are counted in one problem line, not fatal."
     if not path.is_file():
@@ -56,6 +58,7 @@ def _read_metrics(path: Path, problems: list) -> list[dict]:
     if not by_step and not bad: problems.append("metrics.jsonl holds no step records yet")
     return [by_step[s] for s in sorted(by_step)]
 
+# %% ../nbs/12_report.ipynb #1984d614
 def read_run(
     path,                     # a run directory (train.run_dir)
     name: str | None = None,  # label in the table and the picture (default: the directory name)
@@ -93,6 +96,7 @@ def _number(v) -> float | None:
     except OverflowError: return None
     return f if math.isfinite(f) else None
 
+# %% ../nbs/12_report.ipynb #bae576c8
 _NUMBERS = ("loss", "tau_est", "wall_s", "tokens_per_s", "target_busy", "drafter_busy", "tau")
 
 def _typed(rec: dict, where: str, problems: list) -> dict:
@@ -109,6 +113,7 @@ def _typed(rec: dict, where: str, problems: list) -> dict:
         out["acc"] = None
     return out
 
+# %% ../nbs/12_report.ipynb #27b3592b
 def _section(d: dict | None, key: str, where: str, problems: list) -> dict | None:
     "The mapping `d[key]`, typed; None with a problem line when it is something else."
     v = (d or {}).get(key)
@@ -118,16 +123,17 @@ def _section(d: dict | None, key: str, where: str, problems: list) -> dict | Non
         return None
     return _typed(v, f"{where} {key}", problems)
 
-
 # %% ../nbs/12_report.ipynb #565e54bf
 def _median(xs: list) -> float | None:
     xs = sorted(x for x in xs if isinstance(x, (int, float)) and math.isfinite(x))
     return (xs[len(xs) // 2] + xs[(len(xs) - 1) // 2]) / 2 if xs else None
 
+# %% ../nbs/12_report.ipynb #e607d2c3
 def _tau(report: dict | None, key: str) -> float | None:
     v = (report or {}).get(key)
     return v.get("tau") if isinstance(v, dict) else None
 
+# %% ../nbs/12_report.ipynb #b6e4e05e
 def run_row(rec: RunRecord) -> dict:
     "The numbers the table and the picture show for one run (None where the run does not have them)."
     last = rec.steps[-1] if rec.steps else (rec.summary or {}).get("final") or {}
@@ -141,6 +147,7 @@ def run_row(rec: RunRecord) -> dict:
             "target_busy": busy("target_busy"), "drafter_busy": busy("drafter_busy"),
             "wall_s": (rec.summary or {}).get("wall_s"), "backend": (rec.summary or {}).get("backend")}
 
+# %% ../nbs/12_report.ipynb #4914728e
 # column title, row key, format
 REPORT_COLUMNS = [("steps", "steps", "d"), ("loss", "loss", ".4f"), ("acc@1", "acc@1", ".3f"),
                   ("τ est", "tau_est", ".3f"), ("τ before", "tau_before", ".3f"), ("τ after", "tau_after", ".3f"),
@@ -182,6 +189,7 @@ def _bars(ax, names: list, groups: dict, fmt: str, ylabel: str, ymax=None):
     ax.set_ylabel(ylabel)
     if k > 1: ax.legend(loc="upper center", ncol=k, fontsize=9)
 
+# %% ../nbs/12_report.ipynb #c6bc2212
 def plot_runs(
     records: list[RunRecord],  # read_run of each run
     out,                       # PNG path to write
@@ -230,7 +238,7 @@ def plot_runs(
 class ReportError(ExpectedError):
     "Nothing to report: none of the named run directories holds anything readable."
 
-
+# %% ../nbs/12_report.ipynb #754fbc66
 def main(argv=None) -> dict:
     "`dflash-report RUN [RUN ...] [--out compare.png] [--json FILE]`: the runs side by side, a table and one picture."
     ap = CliParser(
@@ -261,7 +269,7 @@ def main(argv=None) -> dict:
         Path(a.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
     return {"rows": rows, "picture": str(out), "problems": {str(r.path): r.problems for r in records}}
 
-
+# %% ../nbs/12_report.ipynb #0cef0f7e
 def cli():
     "Console script `dflash-report` (same as `python -m dflash_nb.report`): expected failures are one line and exit 2."
     sys.exit(run_cli(main, prog="dflash_nb.report"))

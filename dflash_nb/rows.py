@@ -199,9 +199,11 @@ def get(self: FeatureProducer) -> Batch:
         for v in [item.features, *item.tensors().values()]: v.record_stream(cur)
     return item
 
+# %% ../nbs/08_rows.ipynb #ffc3ce70
 @patch
 def depth(self: FeatureProducer) -> int: return self.q.qsize() if self.threaded else 0
 
+# %% ../nbs/08_rows.ipynb #b651f4f6
 @patch
 def close(self: FeatureProducer):
     self.stop_flag.set()

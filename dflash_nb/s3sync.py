@@ -93,6 +93,7 @@ def submit(self: S3Uploader, ckpt_dir: Path):
     with self.lock: self.pending.append(Path(ckpt_dir).name)
     self.q.put(Path(ckpt_dir))
 
+# %% ../nbs/08_s3sync.ipynb #686b71b4
 @patch
 def not_in_s3(self: S3Uploader) -> set:
     "Names submitted but not (yet) uploaded: their local copies must not be pruned."

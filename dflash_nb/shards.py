@@ -35,6 +35,7 @@ _MAX_SHARD_EXAMPLES = 5
 
 def shard_path(out_dir, index: int) -> Path: return Path(out_dir) / f"shard-{index:05d}.arrow"
 
+# %% ../nbs/01c_shards.ipynb #12aa5df5
 def _record_batch(rows: list) -> pa.RecordBatch:
     "Arrow batch from (ids, lo, hi, source) rows, built from flat numpy buffers (no per-token Python)."
     lens = np.fromiter((len(r[0]) for r in rows), dtype=np.int32, count=len(rows))
@@ -50,6 +51,7 @@ def _record_batch(rows: list) -> pa.RecordBatch:
                                        pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())],
                                       schema=SCHEMA)
 
+# %% ../nbs/01c_shards.ipynb #0db322d4
 def _new_stats(task: ShardTask) -> dict:
     return {"key": task.key, "dataset": task.dataset, "index": task.index, "name": task.file.name, "chunk": task.chunk,
             "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0,
@@ -63,6 +65,7 @@ def sample_hash(conv: list[dict]) -> str:
     text = json.dumps(conv, sort_keys=True, ensure_ascii=False, default=str)
     return sha256_hex(text.encode("utf-8", "surrogatepass"))[:16]
 
+# %% ../nbs/01c_shards.ipynb #d0e750e1
 def _malformed(st: dict, kind: str, line: int, offset: int, msg: str):
     st["malformed"][kind] = st["malformed"].get(kind, 0) + 1
     if sum(1 for e in st["examples"] if e[0] == kind) < _MAX_SHARD_EXAMPLES:
@@ -141,6 +144,7 @@ def _read_range(task: ShardTask, cfg: DataConfig):
         raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: "
                          f"{' '.join(str(err).split())[:300]}") from None
 
+# %% ../nbs/01c_shards.ipynb #14bde11f
 def _write_shard_file(path: Path, batches: list, stats: dict):
     "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
     schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
@@ -248,9 +252,11 @@ def format_audit(a: dict, title: str = "data audit") -> str:
 class DataAuditError(ExpectedError, RuntimeError):
     "The tokenized data set failed its audit (too many degenerate, malformed or dropped samples)."
 
+# %% ../nbs/01c_shards.ipynb #766fdd41
 class CorruptFileError(ExpectedError, ValueError):
     "A shard or manifest that cannot be read (the message names it)."
 
+# %% ../nbs/01c_shards.ipynb #d577db0d
 class OutDirError(ExpectedError):
     "An output directory this run must not write to: it holds another data set, or files this program did not write."
 
@@ -290,12 +296,14 @@ def _die_with_parent(parent: Optional[int]):
         os._exit(1)
     threading.Thread(target=watch, name="dflash_nb-parent-watch", daemon=True).start()
 
+# %% ../nbs/01c_shards.ipynb #a038c260
 _WORKER: dict = {}
 def _init_forked(parent: Optional[int] = None):
     "Set-up of a forked worker: it inherited the encoder (and no S3 client: chapter 00b_storage drops them in a child)."
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
 
+# %% ../nbs/01c_shards.ipynb #9f43a445
 def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook): the parent's exact backend tokenizer, from its JSON."
     _die_with_parent(parent)
@@ -304,6 +312,7 @@ def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     cfg = from_dict(DataConfig, cfg)
     _WORKER["cfg"], _WORKER["encoder"] = cfg, SampleEncoder(TokenizerSpec(**spec), cfg)
 
+# %% ../nbs/01c_shards.ipynb #ec2307e4
 def _run_task(task: dict, out_dir: str) -> tuple[dict, float, float]:
     "One shard in a worker: (statistics, wall seconds, CPU seconds)."
     t0, c0 = time.perf_counter(), time.process_time()
@@ -324,6 +333,7 @@ def _degenerate_message(a: dict) -> str:
             f"Check that the reasoning field is read (DataConfig.field_map), fix the data, or pass --force to keep the "
             f"good samples anyway (degenerate samples are always dropped).")
 
+# %% ../nbs/01c_shards.ipynb #c7f4b615
 def _dropped_message(a: dict) -> str:
     d = a["dropped"]
     malformed = (e for ex in a["malformed"]["examples"].values() for e in ex)
@@ -334,6 +344,7 @@ def _dropped_message(a: dict) -> str:
             "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
             "to keep the good samples.")
 
+# %% ../nbs/01c_shards.ipynb #b24d67ac
 def _stripped_message(a: dict) -> str:
     r = a["reasoning_stripped"]
     return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
@@ -342,6 +353,7 @@ def _stripped_message(a: dict) -> str:
             "(max_stripped_reasoning_fraction). To train "
             f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
 
+# %% ../nbs/01c_shards.ipynb #c6be5d15
 def _atomic_json(path: Path, obj):
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", marker=obj.get("dataset_id"))
 
@@ -552,6 +564,7 @@ def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tup
         lengths.append(n_loss)
     return dups, info, np.concatenate(lengths or [np.zeros(0)])
 
+# %% ../nbs/01c_shards.ipynb #a3434e0e
 def _column(path: Path, name: str) -> np.ndarray:
     try:
         with pa.memory_map(str(path)) as src:
@@ -568,6 +581,7 @@ _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 def _whole(v) -> bool: return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
+# %% ../nbs/01c_shards.ipynb #655c836a
 def _need(ok: bool, where, field: str, want: str, v):
     "CorruptFileError naming the manifest, the field, what it must be and (the start of) what it is."
     if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
@@ -623,6 +637,7 @@ def load_manifest(out_dir) -> dict:
 class DataMismatchError(ExpectedError, ValueError):
     "The data set was made with another tokenizer or chat template than the one it is used with."
 
+# %% ../nbs/01c_shards.ipynb #9a3b60b8
 def check_template(
     manifest: dict,  # the data set's manifest.json
     tokenizer,       # the target's tokenizer
@@ -693,6 +708,7 @@ class ShardDataset:
     def __iter__(self):
         for i in range(len(self)): yield self[i]
 
+# %% ../nbs/01c_shards.ipynb #a7e73a62
 def _check_shard(path: Path, table, manifest: dict, index: int):
     "Refuse a shard that is not the manifest's: of another data set (the id in its statistics), or at another position."
     ds = manifest["dataset_id"]                             # there: `check_manifest` refuses a manifest without one
@@ -706,6 +722,7 @@ def _check_shard(path: Path, table, manifest: dict, index: int):
                                 "rebuild it")
     _check_rows(path, table, manifest["shards"][index]["samples"])
 
+# %% ../nbs/01c_shards.ipynb #ac0bb1b7
 def _check_rows(path: Path, t, samples: int):
     "Refuse a shard whose columns do not fit: not the schema, nulls, a row count or a loss mask that is not its ids'."
     import pyarrow.compute as pc
@@ -720,6 +737,7 @@ def _check_rows(path: Path, t, samples: int):
     mask = pc.list_flatten(t.column("loss_mask"))
     if len(mask) and not set(pc.unique(mask).to_pylist()) <= {0, 1}: raise bad("a loss mask value other than 0 and 1")
 
+# %% ../nbs/01c_shards.ipynb #1085854d
 def read_shards(out_dir) -> ShardDataset:
     "The samples of the finished tokenization run in `out_dir` (list-like, memory-mapped)."
     return ShardDataset(out_dir)

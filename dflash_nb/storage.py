@@ -19,6 +19,7 @@ def fsync_file(path):
     "Flush the bytes of file `path` to the disk."
     with open(path, "rb") as f: os.fsync(f.fileno())
 
+# %% ../nbs/00b_storage.ipynb #e29605f5
 def fsync_dir(path) -> bool:
     "Make new names and renames in directory `path` durable (a directory entry is data of the directory); False if not."
     try: fd = os.open(path, os.O_RDONLY)
@@ -39,6 +40,7 @@ def temp_sibling(path, tag: str = "tmp", marker: Optional[str] = None) -> Path:
         raise ValueError(f"a temp-name marker is 8 to 64 hex digits, not {marker!r}")
     return path.with_name(f".{path.name}.{tag}-{marker + '-' if marker else ''}{os.getpid()}")
 
+# %% ../nbs/00b_storage.ipynb #a34ae30f
 def own_temps(directory, marker: str) -> list[tuple[Path, str, str]]:
     "The temp entries of `directory` whose name carries `marker` (not links): (path, the name it stands for, tag)."
     temp_sibling("x", marker=marker)                         # the marker's shape is checked there
@@ -47,6 +49,7 @@ def own_temps(directory, marker: str) -> list[tuple[Path, str, str]]:
     found = [(p, m[1], m[2]) for p in sorted(d.iterdir()) if (m := pattern.fullmatch(p.name))]
     return [(p, name, tag) for p, name, tag in found if not p.is_symlink()]
 
+# %% ../nbs/00b_storage.ipynb #bcb57e89
 def _fresh(tmp: Path, marked: bool) -> Path:
     "`tmp`, or when it is unmarked and taken a free name beside it: nothing not proven ours is overwritten."
     while not marked and os.path.lexists(tmp): tmp = tmp.with_name(f"{tmp.name}.{os.urandom(3).hex()}")
@@ -71,10 +74,12 @@ def atomic_writer(path, mode: str = "wb", marker: Optional[str] = None):   # mar
         raise
     fsync_dir(path.parent)
 
+# %% ../nbs/00b_storage.ipynb #cbf26ce0
 def atomic_write_text(path, text: str, marker: Optional[str] = None):
     "Replace file `path` with `text` (UTF-8) atomically and durably."
     with atomic_writer(path, "w", marker) as f: f.write(text)
 
+# %% ../nbs/00b_storage.ipynb #0e5c5cb7
 def atomic_write_bytes(path, data: bytes, marker: Optional[str] = None):
     "Replace file `path` with `data` atomically and durably."
     with atomic_writer(path, "wb", marker) as f: f.write(data)
@@ -105,12 +110,14 @@ def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, 
 class UnsafePathError(ExpectedError, ValueError):
     "A name leading outside its directory, or a path that is not the regular file (or directory) it must be."
 
+# %% ../nbs/00b_storage.ipynb #0f14a292
 def plain_name(name, where: str) -> str:   # where: the file the name was read from, for the message
     "`name` if it is one plain path component (a string; no separator, not `.`/`..`, no NUL), else UnsafePathError."
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
         raise UnsafePathError(f"{where}: {str(name)[:80]!r} is not a plain file name; refusing to use it as a path")
     return name
 
+# %% ../nbs/00b_storage.ipynb #15839251
 def _what(mode: int) -> str:
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
@@ -130,10 +137,12 @@ def checked_path(path, kind: str = "file", within=None) -> Path:   # within: the
             raise UnsafePathError(f"{p} leads outside {base} (to {real}); refusing to read it")
     return p
 
+# %% ../nbs/00b_storage.ipynb #94255104
 def inside_dir(base, name, where: str, kind: str = "file") -> Path:   # where: the file `name` was read from
     "`base/name` for a `name` read from a file: a plain name, resolving inside `base` to a `kind` (file or dir)."
     return checked_path(Path(base) / plain_name(name, where), kind, within=base)
 
+# %% ../nbs/00b_storage.ipynb #ab7cffc9
 def read_json(path, within=None):   # within: as in `checked_path`
     "The JSON document at `path`: a checked regular file, parsed within the document limits (chapter Config)."
     return read_document(checked_path(path, within=within), "json")

@@ -36,7 +36,7 @@ def _get_path(obj, path: str):
             return None
     return obj
 
-
+# %% ../nbs/07_target.ipynb #5ebfa551
 def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     "The `nn.ModuleList` of decoder layers of a transformers model (CausalLM, multimodal wrapper, or bare decoder)."
     for p in _LAYER_PATHS:
@@ -49,7 +49,7 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
             return find_decoder_layers(dec)
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}; tried {', '.join(_LAYER_PATHS)}")
 
-
+# %% ../nbs/07_target.ipynb #5a85698c
 _NORM_PATHS = (
     "model.norm",
     "model.language_model.norm",
@@ -185,11 +185,11 @@ def load_target(
 class _StopForward(Exception):
     "Raised by the hook on the last needed layer to end the target forward early."
 
-
+# %% ../nbs/07_target.ipynb #e127363f
 def _layer_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
-
+# %% ../nbs/07_target.ipynb #8845a5e0
 def document_spans(doc_ids: torch.Tensor) -> list[tuple[int, int]]:
     "`[start, end)` of every contiguous run of equal non-negative `doc_ids` (−1 = padding), in row order."
     d = doc_ids.detach().to("cpu", torch.long)
@@ -200,7 +200,7 @@ def document_spans(doc_ids: torch.Tensor) -> list[tuple[int, int]]:
     ends = starts[1:] + [d.numel()]
     return [(s, e) for s, e in zip(starts, ends) if d[s] >= 0]
 
-
+# %% ../nbs/07_target.ipynb #87add5c1
 def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[list[tuple[int, int]]]:
     "Group document spans, longest first, into micro-batches of `n_docs · max_len <= max_batch_tokens` (longer: alone)."
     order = sorted(spans, key=lambda se: (-(se[1] - se[0]), se[0]))
@@ -222,10 +222,12 @@ _PACKED_HYBRID = ("qwen3_5_text", "qwen3_5")    # hybrids whose Gated DeltaNet l
 def _text_config(model: nn.Module):
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
+# %% ../nbs/07_target.ipynb #9df5e8f9
 def _device_type(model: nn.Module) -> str:
     "The device type the target's embedding sits on ('cuda', 'cpu', ...)."
     return model.get_input_embeddings().weight.device.type
 
+# %% ../nbs/07_target.ipynb #08d735f3
 def _uses_hub_kernels(model: nn.Module) -> bool:
     return bool(getattr(model, "_use_kernels", False) or getattr(model, "use_kernels", False) is True)
 
@@ -235,11 +237,13 @@ def _linear_attention_mixer(model: nn.Module) -> nn.Module | None:
     return next((m for layer in find_decoder_layers(model) if (m := getattr(layer, "linear_attn", None)) is not None),
                 None)
 
+# %% ../nbs/07_target.ipynb #5ca896e7
 def _linear_attention_module(model: nn.Module):
     "The modeling module of the target's first linear-attention layer (where transformers bound its kernels), or None."
     mixer = _linear_attention_mixer(model)
     return None if mixer is None else sys.modules[type(mixer).__module__]
 
+# %% ../nbs/07_target.ipynb #b0ff51ec
 def _bound_kernel(module, name: str) -> str | None:
     "The package transformers bound to the kernel-or-torch function `name` of `module` at import; None: torch."
     fn = getattr(module, name, None)
@@ -255,6 +259,7 @@ def _document_bounds(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
     b = cu_seqlens.tolist()
     return list(zip(b[:-1], b[1:]))
 
+# %% ../nbs/07_target.ipynb #fd8fe05b
 def per_document_causal_conv1d(
     conv,                        # transformers' torch causal conv: (B, D, T) -> (B, D, T), zero history before t = 0
     hidden_states,               # (1, D, T) the packed row, channels first, as the Gated DeltaNet layer passes it
@@ -302,6 +307,7 @@ def fla_causal_conv1d(
 def _fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
+# %% ../nbs/07_target.ipynb #e8b6262d
 def _isolating_kernels(model: nn.Module) -> dict:
     "{module global: (what runs, function)}: the conv and recurrence a packed forward binds on this target's device."
     mod, cuda = _linear_attention_module(model), _device_type(model) == "cuda"
@@ -313,6 +319,7 @@ def _isolating_kernels(model: nn.Module) -> dict:
     else: pick_rule = ("torch reference", functools.partial(per_document_gated_delta_rule, inspect.unwrap(rule)))
     return {_CONV: pick_conv, _RULE: pick_rule}
 
+# %% ../nbs/07_target.ipynb #74f83c16
 def _calls_rebindable_kernels(model: nn.Module) -> bool:
     "Whether the linear-attention layers call the conv and the recurrence through the module globals rebound here."
     mixer = _linear_attention_mixer(model)
@@ -498,6 +505,7 @@ def _packed_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: lis
     with isolated_linear_attention(self.model):
         self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
 
+# %% ../nbs/07_target.ipynb #6797ca25
 @_method(TargetFeatures)
 def _padded_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
     "The padded path: length-bucketed micro-batches of right-padded documents."

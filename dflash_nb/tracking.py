@@ -31,7 +31,7 @@ def flatten_scalars(rec: dict, prefix: str = "") -> dict[str, float]:
             out.update(flatten_scalars({str(kk): x for kk, x in v.items()}, tag + "/"))
     return out
 
-
+# %% ../nbs/08b_tracking.ipynb #9a23a269
 def check_report_to(report_to) -> list[str]:
     "The trackers asked for ('jsonl' and 'none' mean no extra tracker); ConfigError naming train.report_to otherwise."
     if isinstance(report_to, str):
@@ -53,7 +53,7 @@ def check_report_to(report_to) -> list[str]:
 class MissingTrackerError(ConfigError):
     "A tracker named in train.report_to whose package is not installed."
 
-
+# %% ../nbs/08b_tracking.ipynb #2ea3a60f
 def _require(name: str):
     try:
         if name == "tensorboard":
@@ -68,7 +68,7 @@ def _require(name: str):
             f"train.report_to includes {name!r} but the {name} package is not installed (pip install {name}): {e}"
         ) from None
 
-
+# %% ../nbs/08b_tracking.ipynb #dcd0d90d
 def require_trackers(report_to) -> list[str]:
     "Check the names and that every package imports (on every rank, so that all ranks stop together); the names."
     names = check_report_to(report_to)
@@ -76,12 +76,12 @@ def require_trackers(report_to) -> list[str]:
         _require(n)
     return names
 
-
+# %% ../nbs/08b_tracking.ipynb #2e82fcf2
 def wandb_mode() -> str:
     "The W&B mode to run in: the user's WANDB_MODE if set, else offline (no network call)."
     return os.environ.get("WANDB_MODE") or "offline"
 
-
+# %% ../nbs/08b_tracking.ipynb #bdabe97a
 class Trackers:
     "The trackers of `report_to`, writing under `run_dir`; `log(rec)` at every metrics record, `close()` at the end."
 

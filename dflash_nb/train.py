@@ -38,11 +38,13 @@ class RegenConfig:
     threads: Optional[int] = opt(None, "CPU intra-op threads while the target generates (None = the run's "
                                        "threads)", min=1)
 
+# %% ../nbs/11_train.ipynb #7854b4cb
 @dataclass
 class EvalConfig:
     num_samples: int = opt(16, "held-out samples for τ before and after training (0 = skip)", min=0)
     data_dir: Optional[str] = opt(None, "tokenized held-out data; None = the regenerated held-out prompts")
 
+# %% ../nbs/11_train.ipynb #905731a3
 @dataclass
 class RunConfig:
     train: TrainConfig = opt(TrainConfig(), "the trainer (dflash_nb.train_config.TrainConfig)")
@@ -64,6 +66,7 @@ def demo_data_dir() -> Path:
     import importlib.util
     return Path(importlib.util.find_spec("dflash_nb").submodule_search_locations[0]) / "demo_data"
 
+# %% ../nbs/11_train.ipynb #6c7a0914
 def demo_config_path() -> Path: return demo_data_dir() / "demo.yaml"
 
 # %% ../nbs/11_train.ipynb #930bcc57
@@ -96,6 +99,7 @@ def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) 
         return acceptance_length(drafter, features, samples, block_size=block_size, num_samples=num_samples)
     finally: drafter.train(was)
 
+# %% ../nbs/11_train.ipynb #d60c0297
 def export(drafter, drafter_cfg, out_dir, **metadata) -> Path:
     "The serving-format directory of the trained drafter (config.json + model.safetensors)."
     from dflash_nb.export import export_drafter
@@ -111,6 +115,7 @@ def keep_freed_memory() -> bool:
     M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4   # mallopt parameter numbers of <malloc.h>
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 2 ** 30))
 
+# %% ../nbs/11_train.ipynb #eb8a3a4b
 @contextlib.contextmanager
 def cpu_threads(n: Optional[int]):
     "Run the block with `n` intra-op threads (None: unchanged), then restore the previous count."
@@ -146,12 +151,14 @@ def held_checkpoints(run_dir) -> Optional[str]:
     steps = sorted(p.name for p in root.iterdir() if re.fullmatch(r"step-\d{1,12}", p.name))
     return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
 
+# %% ../nbs/11_train.ipynb #33769ecd
 def _tokenized(key: str, data_dir):
     "A local tokenized data dir must exist and hold a manifest (s3:// is checked where it is read)."
     if data_dir and not str(data_dir).startswith("s3://") and not (Path(data_dir) / "manifest.json").is_file():
         raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); tokenize it first with "
                           f"`python -m dflash_nb.data`, or list raw JSONL in `inputs` to tokenize it in this run")
 
+# %% ../nbs/11_train.ipynb #c3e914f1
 def check_run(cfg: RunConfig):
     "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
     from dflash_nb.records import load_tokenizer
@@ -186,6 +193,7 @@ def next_demo_dir(run_dir) -> Path:
     while held_checkpoints(run_dir.with_name(f"{run_dir.name}-{n}")): n += 1
     return run_dir.with_name(f"{run_dir.name}-{n}")
 
+# %% ../nbs/11_train.ipynb #ea139b6a
 def generation_key(cfg: RunConfig, prompts_path) -> str:
     "What regenerated data depends on: prompts, regeneration settings (not the batch size), data settings, target."
     import hashlib
@@ -194,12 +202,14 @@ def generation_key(cfg: RunConfig, prompts_path) -> str:
              "data": to_dict(cfg.data), "target": to_dict(cfg.train.target)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
+# %% ../nbs/11_train.ipynb #bf71a5bd
 def save_generated(key: str, gen_dir, files: list, stats: dict):
     "Record what the completions in `gen_dir` were made from (`generation.json`), so that a rerun can reuse them."
     from dflash_nb.storage import atomic_write_text
     record = {"key": key, "files": files, "stats": stats}
     atomic_write_text(Path(gen_dir) / "generation.json", json.dumps(record, indent=1))
 
+# %% ../nbs/11_train.ipynb #e92d4ec0
 def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
     "Stats of completions made with `key` in one of `run_dirs` (copied into `gen_dir` if elsewhere); None if none."
     gen_dir = Path(gen_dir)
@@ -261,6 +271,7 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
         tokenize_dataset(inputs, tok_dir, train_dir, cfg.data, verbose=True)
     return train_dir, held_dir
 
+# %% ../nbs/11_train.ipynb #d790a0c8
 def run(cfg: RunConfig, reuse_from=()) -> dict:
     "The whole project: checks → regenerate → tokenize + audit → τ before → train → τ after → export."
     from dflash_nb.target import TargetFeatures
@@ -330,6 +341,7 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     if distributed: dist.barrier()
     return report
 
+# %% ../nbs/11_train.ipynb #fd8c6f3d
 def _where(r: dict) -> str:
     rd = Path(r["run_dir"])
     t = r.get("train", {})
@@ -345,12 +357,14 @@ def _where(r: dict) -> str:
              f"  report                 {rd / 'report.json'}"]
     return "\n".join(l for l in lines if l)
 
+# %% ../nbs/11_train.ipynb #bbe60fc5
 def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
     # ValueError: shapes that do not fit the target, an unknown architecture, ...
     from dflash_nb.regen import serving_errors
     return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()))
 
+# %% ../nbs/11_train.ipynb #1f0c376f
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception):  # progress reaches log files as it happens
         sys.stdout.reconfigure(line_buffering=True)
@@ -378,6 +392,7 @@ def _main(argv: list) -> int:
             dist.destroy_process_group()
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
 
+# %% ../nbs/11_train.ipynb #b079dbcc
 def cli():
     "Console script `dflash-train` (`python -m dflash_nb.train`); `main` returns `run_cli`'s exit code."
     sys.exit(main())

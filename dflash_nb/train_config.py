@@ -27,15 +27,16 @@ def _tiny_keys() -> dict:
            for p, v in inspect.signature(tiny_target).parameters.items() if p != "dtype" and v.kind != v.VAR_KEYWORD}
     return dict(sorted({**hf, **own}.items()))
 
+# %% ../nbs/08_train_config.ipynb #e2406fe4
 def _drafter_schema():
     "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
     from dflash_nb.model import DrafterConfig
     return DrafterConfig
 
+# %% ../nbs/08_train_config.ipynb #c74fac7a
 def _fits_block(max_tokens: int, cfg) -> str | None:
     b = cfg.drafter.get("block_size") or _drafter_schema().block_size
     return None if max_tokens >= b + 1 else f"must be >= block_size + 1 = {b + 1} (an anchor and its block)"
-
 
 # %% ../nbs/08_train_config.ipynb #29926adc
 @dataclass

@@ -45,6 +45,7 @@ def distill_features(features):
         return f[:, :F], f[:, F:]
     return both
 
+# %% ../nbs/08_trainer.ipynb #896e8cee
 def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
     "The block loss of a batch per `cfg.loss`; distillation scores slot k of anchor a with the target at a+k−1."
     from dflash_nb.loss import block_loss
@@ -70,6 +71,7 @@ def load_samples(data_dir):
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
 
+# %% ../nbs/08_trainer.ipynb #2fcbb0c7
 _NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in order
 
 def _weights_finite(params) -> torch.Tensor:
@@ -77,6 +79,7 @@ def _weights_finite(params) -> torch.Tensor:
     # the max-abs norm: an L2 norm of large finite weights (1e30) overflows to inf and would look non-finite
     return torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in params], float("inf")))).all()
 
+# %% ../nbs/08_trainer.ipynb #d1bf129e
 def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
     "The newest checkpoint under `ckpt_root` whose drafter weights are all finite (where to resume after a blow-up)."
     from safetensors import safe_open
@@ -91,6 +94,7 @@ def last_finite_checkpoint(ckpt_root) -> Optional[Path]:
 def _fused_ok(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
+# %% ../nbs/08_trainer.ipynb #802ffee5
 def _skip_if(optimizer, bad: torch.Tensor, fused: bool) -> bool:
     "Make the coming optimizer.step() a no-op where `bad`: on the device (fused AdamW `found_inf`), else by a sync."
     if fused:
@@ -151,6 +155,7 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
         ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
         atomic_write_text(run_dir / RUN_FILE, json.dumps(ident) + "\n")
 
+# %% ../nbs/08_trainer.ipynb #60afce96
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
@@ -498,6 +503,7 @@ def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str 
     finally:
         for l in locks: l.release()
 
+# %% ../nbs/08_trainer.ipynb #ba1c9391
 def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     run = build_run(cfg, target, log_prefix, locks)
     start, counters = resume_from(run)
@@ -557,6 +563,7 @@ def _announce(run: Run, start: int):
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | "
                       f"{precision_line(precision(cfg, run.target, run.drafter_device))} | run dir {run.run_dir}")
 
+# %% ../nbs/08_trainer.ipynb #faad622e
 def _record_backend(run: Run):
     "Every run dir has attention_backend.json: the probe's record when it ran for this run, else the choice and why."
     p = run.run_dir / "attention_backend.json"
@@ -566,7 +573,6 @@ def _record_backend(run: Run):
     rec = {"backend": run.backend, "reason": run.backend_why, "device": str(run.drafter_device), "probed": False,
            "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(p, json.dumps(rec, indent=2))
-
 
 # %% ../nbs/08_trainer.ipynb #d86ba308
 def _nonfinite_story(run: Run, metrics=None) -> str:
@@ -582,6 +588,7 @@ def _nonfinite_story(run: Run, metrics=None) -> str:
         where += f" (latest, {latest.name}, holds non-finite weights: resume from {good})"
     return f"non-finite {what or 'values'}; {where}"
 
+# %% ../nbs/08_trainer.ipynb #c5e901ac
 def _some_step_finite(run: Run, metrics, ran: int, before: int):
     "Stop a run none of whose `ran` steps was finite (each one skipped): it learned nothing, and must not look done."
     bad = int(metrics.nonfinite_total.item()) - before
@@ -589,6 +596,7 @@ def _some_step_finite(run: Run, metrics, ran: int, before: int):
         raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped (fewer than max_nonfinite="
                              f"{run.cfg.max_nonfinite} in a row, yet none trained); {_nonfinite_story(run, metrics)}")
 
+# %% ../nbs/08_trainer.ipynb #1e74f1d6
 def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
     "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
     cfg = run.cfg
