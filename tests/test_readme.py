@@ -9,7 +9,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 SCRIPTS = {"dflash-data": "data", "dflash-train": "train", "dflash-eval": "evaluate", "dflash-export": "export",
-           "dflash-report": "report", "dflash-gguf": "gguf"}
+           "dflash-report": "report", "dflash-gguf": "gguf", "dflash-regen": "regen"}
 
 
 def figure_rows() -> list[tuple[str, str, str]]:
