@@ -4,7 +4,7 @@
 
 # %% ../nbs/01f_serving.ipynb #1ed28f90
 from __future__ import annotations
-import collections, importlib.util, json, os, subprocess, sys, threading
+import collections, importlib.util, json, os, shutil, subprocess, sys, tempfile, threading
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
 
@@ -51,8 +51,11 @@ class VLLMEngine:
     def __init__(self, target_dir, drafter_dir=None, num_speculative_tokens=None, dtype="float32", seed=0,
                  max_model_len=None, **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
-        self.proc = subprocess.Popen([serving_python(), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        python = serving_python()
+        self._tmp = tempfile.mkdtemp(prefix="dflash_nb-vllm-")  # vLLM leaves files in TMPDIR: its own, removed by close
+        self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1,
+                                     env={**os.environ, "TMPDIR": self._tmp})
         self._drain = threading.Thread(target=self._keep_log, daemon=True)
         self._drain.start()
         req = {"op": "load", "target_dir": str(target_dir), "drafter_dir": drafter_dir and str(drafter_dir),
@@ -104,6 +107,10 @@ def close(self):
     "End the worker (and its engine)."
     proc, self.proc = getattr(self, "proc", None), None
     if proc is None: return
+    try: _stop(proc)
+    finally: shutil.rmtree(self._tmp, ignore_errors=True)
+
+def _stop(proc):
     try:
         proc.stdin.write(json.dumps({"op": "close"}) + "\n")
         proc.stdin.close()
