@@ -54,6 +54,7 @@ def show_drafts(
         out.append(head + "\n" + format_drafts(r, decode, color))
     return "\n".join(out)
 
+# %% ../nbs/09_evaluate.ipynb #23981b5d
 def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
     "`--show-drafts N`: the first N held-out prompts (--data) or prompts of the first file (--prompts), drafts marked."
     tok = _tokenizer_for(args.target, args.tokenizer)
@@ -207,6 +208,7 @@ def load_target_spec(
     with stage(f"loading the target ({spec})"):   # minutes for a large checkpoint: a line that says so, not silence
         return load_target(spec, dtype=dtype, device=dev)
 
+# %% ../nbs/09_evaluate.ipynb #067ae048
 def load_drafter_dir(
     path,                  # an exported directory (config.json), or a trainer checkpoint / run dir
     target_model,          # the target CausalLM whose embedding and lm_head the drafter shares

@@ -16,6 +16,7 @@ __all__ = ['WORKER', 'REPO', 'ServingUnavailable', 'ServingError', 'serving_pyth
 class ServingUnavailable(RuntimeError):
     "No Python with vLLM to serve with."
 
+# %% ../nbs/01f_serving.ipynb #7c6fbb78
 class ServingError(RuntimeError):
     "vLLM refused or failed; the message is the one line that says why, `log` the worker's last lines of output."
     def __init__(self, message: str, log=()):
@@ -70,6 +71,7 @@ class VLLMEngine:
 def _keep_log(self):
     for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
 
+# %% ../nbs/01f_serving.ipynb #81eb2394
 def _call(self, req: dict) -> dict:
     if self.proc is None: raise ServingError("the vLLM engine is closed")
     try:
@@ -96,6 +98,7 @@ def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature=0.
            "stop_token_ids": None if stop_token_ids is None else [int(t) for t in stop_token_ids]}
     return {"outputs": (r := self._call(req))["outputs"], "seconds": r["seconds"]}
 
+# %% ../nbs/01f_serving.ipynb #60b4ddd8
 def spec_metrics(self) -> dict | None:
     "vLLM's speculative-decoding counters so far: drafts, draft_tokens, accepted, accepted_per_pos."
     return self._call({"op": "metrics"})["spec"]
@@ -110,6 +113,7 @@ def close(self):
     try: _stop(proc)
     finally: shutil.rmtree(self._tmp, ignore_errors=True)
 
+# %% ../nbs/01f_serving.ipynb #80e041a6
 def _stop(proc):
     try:
         proc.stdin.write(json.dumps({"op": "close"}) + "\n")
@@ -131,6 +135,7 @@ def spec_delta(after: dict, before: dict | None) -> dict:
     pos = [a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"])]
     return {**{k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}, "accepted_per_pos": pos}
 
+# %% ../nbs/01f_serving.ipynb #07010fd5
 def acceptance_length(spec: dict) -> float:
     "vLLM's mean acceptance length: tokens per verification step."
     return 1.0 + spec["accepted"] / spec["drafts"] if spec["drafts"] else float("nan")

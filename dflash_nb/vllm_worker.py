@@ -100,6 +100,7 @@ def _reply(out, obj: dict):
     out.write(json.dumps(obj) + "\n")
     out.flush()
 
+# %% ../nbs/01e_vllm_worker.ipynb #a73df229
 def _request(line: str) -> dict:
     req = json.loads(line)
     if not isinstance(req, dict) or "op" not in req:

@@ -14,6 +14,9 @@ EXPORT = re.compile(r"^#\|\s*export[is]?\b")
 EXCEPTIONS = {
     ("06_loss", "_ChunkedLinearCE"): "one autograd.Function: its backward mirrors its forward chunk by chunk, read together",
     ("09_decoding", "speculative_generate"): "the decoding loop, one cycle's draft, verify, accept and cache rollback in order",
+    ("09_evaluate", "_parser"): "dflash-eval's options declared one after another: the one place a reader looks them up",
+    ("09_evaluate", "_main_prompts"): "the --prompts report in the order it prints: τ per file, speed-ups, vLLM's figures",
+    ("09_evaluate", "_main_data"): "the --data report in the order it prints: the walk, sampled τ, speed-up, the real loop",
 }
 
 
