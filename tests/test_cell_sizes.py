@@ -14,6 +14,8 @@ EXPORT = re.compile(r"^#\|\s*export[is]?\b")
 EXCEPTIONS = {
     ("06_loss", "_ChunkedLinearCE"): "one autograd.Function: its backward mirrors its forward chunk by chunk, read together",
     ("09_decoding", "speculative_generate"): "the decoding loop, one cycle's draft, verify, accept and cache rollback in order",
+    ("11_train", "run"): "the project's top-level phases in order (target, data, tau before, train, tau after, export), "
+                         "one set of devices, target and report shared by all",
 }
 
 
