@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json, math, statistics, time, traceback
 from pathlib import Path
+from fastcore.basics import patch
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
@@ -51,45 +52,51 @@ class AnchorBlockLayout:
             self.builds[key] = self.builds.get(key, 0) + 1
         return self._cache[key]
 
-    def dense_mask(self, window: int | None = None, causal_in_block: bool = False) -> torch.Tensor:
-        "Bool (N·B, S+N·B) mask of this kind (built once)."
-        return self._get(
-            ("dense", window, causal_in_block),
-            lambda: dense_anchor_block_mask(
-                self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block
-            ),
-        )
-
-    def block_mask(self, window: int | None = None, causal_in_block: bool = False):
-        "flex_attention BlockMask of this kind (built once, from the cached context ranges)."
-
-        def build():
-            cs, ce = self.context_ranges(window)
-            mm = anchor_block_mask_mod(self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block)
-            return block_mask_from_ranges(
-                cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size, window
-            )
-
-        return self._get(("block_mask", window, causal_in_block), build)
-
-    def context_ranges(self, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        "int32 (ctx_start, ctx_end) per block: the union of its slots' context for this window (causality: no change)."
-        return self._get(
-            ("ranges", window, None),
-            lambda: anchor_context_ranges(
-                self.anchors,
-                self.keep,
-                self.doc_ids,
-                window,
-                # the contiguity check reads values on the host: a sync per
-                # step on GPU, so it runs only for CPU rows (tests, notebooks)
-                check=self.doc_ids.device.type == "cpu",
-            ),
-        )
-
     def __repr__(self):
         return (f"AnchorBlockLayout(S={self.S}, N={self.N}, B={self.block_size}, kept={int(self.keep.sum())}, "
                 f"cached={sorted(map(str, self._cache))})")
+
+# %% ../nbs/04_attention.ipynb #3d123667
+@patch
+def dense_mask(self: AnchorBlockLayout, window: int | None = None, causal_in_block: bool = False) -> torch.Tensor:
+    "Bool (N·B, S+N·B) mask of this kind (built once)."
+    return self._get(
+        ("dense", window, causal_in_block),
+        lambda: dense_anchor_block_mask(
+            self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block
+        ),
+    )
+
+# %% ../nbs/04_attention.ipynb #b53412ec
+@patch
+def block_mask(self: AnchorBlockLayout, window: int | None = None, causal_in_block: bool = False):
+    "flex_attention BlockMask of this kind (built once, from the cached context ranges)."
+
+    def build():
+        cs, ce = self.context_ranges(window)
+        mm = anchor_block_mask_mod(self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block)
+        return block_mask_from_ranges(
+            cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size, window
+        )
+
+    return self._get(("block_mask", window, causal_in_block), build)
+
+# %% ../nbs/04_attention.ipynb #3a2023d0
+@patch
+def context_ranges(self: AnchorBlockLayout, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "int32 (ctx_start, ctx_end) per block: the union of its slots' context for this window (causality: no change)."
+    return self._get(
+        ("ranges", window, None),
+        lambda: anchor_context_ranges(
+            self.anchors,
+            self.keep,
+            self.doc_ids,
+            window,
+            # the contiguity check reads values on the host: a sync per
+            # step on GPU, so it runs only for CPU rows (tests, notebooks)
+            check=self.doc_ids.device.type == "cpu",
+        ),
+    )
 
 # %% ../nbs/04_attention.ipynb #41ff6173
 def reference_anchor_attention(q: torch.Tensor,     # (1, H, N·B, D)

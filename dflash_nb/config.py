@@ -100,51 +100,37 @@ def _type_name(tp) -> str:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
-# %% ../nbs/00_config.ipynb #4a7be4d2
-def _coerce(value, tp, key: str):
-    "Check `value` against the annotation `tp`, converting only where it is lossless (int->float, numeric strings)."
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is typing.Any:
+# %% ../nbs/00_config.ipynb #7478c011
+def _coerce_union(value, tp, key: str):
+    "`value` as the first member of the union `tp` that takes it; None only where the union allows it."
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+# %% ../nbs/00_config.ipynb #a5440995
+def _coerce_literal(value, args: tuple, key: str):
+    "`value` as one of the `Literal` choices `args`."
+    if isinstance(
+        value, bool
+    ):  # YAML 1.1 reads off/no/false (on/yes/true) as a bool: take the word the choices use
+        words = [w for w in (("on", "yes", "true") if value else ("off", "no", "false")) if w in args]
+        if words:
+            return words[0]
+    if value in args:
         return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, key)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    if origin is typing.Literal:
-        if isinstance(
-            value, bool
-        ):  # YAML 1.1 reads off/no/false (on/yes/true) as a bool: take the word the choices use
-            words = [w for w in (("on", "yes", "true") if value else ("off", "no", "false")) if w in args]
-            if words:
-                return words[0]
-        if value in args:
-            return value
-        raise ConfigError(f"{key}: expected one of {list(args)}, got {value!r}")
-    if is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
-        return from_dict(tp, value, prefix=key + ".")
-    if origin in (list, tuple):
-        if isinstance(value, str):
-            value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        item = args[0] if args else typing.Any
-        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-        return out if origin is list else tuple(out)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+    raise ConfigError(f"{key}: expected one of {list(args)}, got {value!r}")
+
+# %% ../nbs/00_config.ipynb #7ee18047
+def _coerce_scalar(value, tp, key: str):
+    "`value` as a bool, int, float, str, Path or other plain class `tp`, converting only where it is lossless."
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -178,6 +164,36 @@ def _coerce(value, tp, key: str):
     elif isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
+# %% ../nbs/00_config.ipynb #4a7be4d2
+def _coerce(value, tp, key: str):
+    "Check `value` against the annotation `tp`, converting only where it is lossless (int->float, numeric strings)."
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        return _coerce_union(value, tp, key)
+    if origin is typing.Literal:
+        return _coerce_literal(value, args, key)
+    if is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return from_dict(tp, value, prefix=key + ".")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = parse_document(value, key) if value.strip().startswith("[") else value.split(",")
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        item = args[0] if args else typing.Any
+        out = [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+        return out if origin is list else tuple(out)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    return _coerce_scalar(value, tp, key)
 
 # %% ../nbs/00_config.ipynb #abcc19cd
 def _did_you_mean(word, choices) -> str:

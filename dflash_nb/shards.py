@@ -71,6 +71,32 @@ def _malformed(st: dict, kind: str, line: int, offset: int, msg: str):
     if sum(1 for e in st["examples"] if e[0] == kind) < _MAX_SHARD_EXAMPLES:
         st["examples"].append([kind, line, offset, msg[:200]])
 
+# %% ../nbs/01c_shards.ipynb #0ea39072
+def _add_sample(st: dict, rows: list, res, src: str, h: str, cfg: DataConfig):
+    "Count one encoded sample in `st` and append its row to `rows` unless it is dropped (overlong) or degenerate."
+    st["samples"] += 1
+    st["empty_reasoning"] += res.empty_reasoning
+    st["boundary_straddle"] += res.straddle
+    st["reasoning_stripped"] += res.reasoning_stripped
+    ids, lo, hi = res.ids, res.lo, res.hi
+    if len(ids) > cfg.max_seq_len:
+        st["truncated"] += 1
+        if cfg.overlong == "drop":
+            st["dropped_overlong"] += 1
+            return
+        ids, hi = ids[:cfg.max_seq_len], min(hi, cfg.max_seq_len)
+    n_loss = max(0, hi - lo)
+    if n_loss < cfg.min_loss_tokens:
+        st["degenerate"] += 1
+        hist = st["degenerate_loss_hist"]
+        hist[str(n_loss)] = hist.get(str(n_loss), 0) + 1
+        return
+    rows.append((ids, lo, max(lo, hi), src))
+    st["row_hashes"].append(h)
+    st["kept"] += 1
+    st["tokens"] += len(ids)
+    st["loss_tokens"] += n_loss
+
 # %% ../nbs/01c_shards.ipynb #dd84306d
 def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfig) -> dict:
     "Tokenize the records of `task` into `shard-NNNNN.arrow` (atomically); returns the shard's statistics."
@@ -82,28 +108,7 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
             if isinstance(res, RecordError):
                 _malformed(st, res.kind, line, off, str(res))
                 continue
-            st["samples"] += 1
-            st["empty_reasoning"] += res.empty_reasoning
-            st["boundary_straddle"] += res.straddle
-            st["reasoning_stripped"] += res.reasoning_stripped
-            ids, lo, hi = res.ids, res.lo, res.hi
-            if len(ids) > cfg.max_seq_len:
-                st["truncated"] += 1
-                if cfg.overlong == "drop":
-                    st["dropped_overlong"] += 1
-                    continue
-                ids, hi = ids[:cfg.max_seq_len], min(hi, cfg.max_seq_len)
-            n_loss = max(0, hi - lo)
-            if n_loss < cfg.min_loss_tokens:
-                st["degenerate"] += 1
-                hist = st["degenerate_loss_hist"]
-                hist[str(n_loss)] = hist.get(str(n_loss), 0) + 1
-                continue
-            rows.append((ids, lo, max(lo, hi), src))
-            st["row_hashes"].append(h)
-            st["kept"] += 1
-            st["tokens"] += len(ids)
-            st["loss_tokens"] += n_loss
+            _add_sample(st, rows, res, src, h, cfg)
         pending.clear()
         if rows:
             batches.append(_record_batch(rows))
@@ -462,6 +467,33 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
                           f"(only the shards and manifest this program wrote are deleted)")
     return ours if others else []
 
+# %% ../nbs/01c_shards.ipynb #2ecc06d7
+def _manifest(ds: str, fps: dict, parts: dict, tkw: dict, cfg: DataConfig, ins: list, ordered: list[dict],
+              out_dir: Path, dups: dict, a: dict, run: dict) -> dict:
+    "The manifest of a finished data set: its ids and fingerprints, content config, inputs, shards, audit and run."
+    return {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"],
+            "tokenizer_parts": parts,
+            "template_fingerprint": fps["template"], "template_kwargs": tkw, "input_id": fps["inputs"],
+            "config": {k: v for k, v in to_dict(cfg).items() if k in CONTENT_FIELDS},
+            "inputs": ins,
+            "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"],
+                        "lines": s["lines"],
+                        "samples": s["kept"], "tokens": s["tokens"],
+                        "loss_tokens": s["loss_tokens"]} for s in ordered],
+            "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
+            "audit": a, "forced": False, "run": run}
+
+# %% ../nbs/01c_shards.ipynb #d5593b99
+def _audit_problems(a: dict, cfg: DataConfig) -> list[str]:
+    "What fails the audit `a` against the thresholds of `cfg`, one sentence each; [] when it passes."
+    problems = []
+    if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
+    if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
+    if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
+    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction:
+        problems.append(_stripped_message(a))
+    return problems
+
 # %% ../nbs/01c_shards.ipynb #595811a8
 def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True,
                      **overrides) -> dict:
@@ -508,29 +540,14 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
            "cpu_seconds": round(cpu, 3), "workers": workers if todo else 0, "shards": len(tasks),
            "shards_skipped": len(tasks) - len(todo), "tokens_per_s": round(new_tokens / max(t_work, 1e-9), 1),
            "tokens_per_s_per_worker": round(new_tokens / max(t_work, 1e-9) / max(1, workers), 1)}
-    manifest = {"format": SHARD_FORMAT, "dataset_id": ds, "tokenizer_fingerprint": fps["tokenizer"],
-                "tokenizer_parts": parts,
-                "template_fingerprint": fps["template"], "template_kwargs": tkw, "input_id": fps["inputs"],
-                "config": {k: v for k, v in to_dict(cfg).items() if k in CONTENT_FIELDS},
-                "inputs": ins,
-                "shards": [{"file": shard_path(out_dir, s["index"]).name, "input": s["name"], "range": s["range"],
-                            "lines": s["lines"],
-                            "samples": s["kept"], "tokens": s["tokens"],
-                            "loss_tokens": s["loss_tokens"]} for s in ordered],
-                "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
-                "audit": a, "forced": False, "run": run}
+    manifest = _manifest(ds, fps, parts, tkw, cfg, ins, ordered, out_dir, dups, a, run)
     if verbose:
         print(format_audit(a, f"dflash_nb.data audit: {len(files)} input file(s), {len(tasks)} shard(s) in {out_dir}"))
         print(f"  {'throughput':<26}{run['tokens_per_s']:>12,.0f} tokens/s, {run['tokens_per_s_per_worker']:,.0f} per "
               "worker "
               f"({run['workers']} worker(s), {run['shards_skipped']} shard(s) already done, {t_work:.1f} s of "
               f"{seconds:.1f} s)")
-    problems = []
-    if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
-    if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
-    if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
-    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction:
-        problems.append(_stripped_message(a))
+    problems = _audit_problems(a, cfg)
     if problems and not cfg.force:
         _atomic_json(out_dir / "audit.json", manifest)
         raise DataAuditError("data audit failed: " + " ".join(problems) + f" (audit saved to {out_dir / 'audit.json'})")

@@ -73,23 +73,8 @@ def find_final_norm(model: nn.Module) -> nn.Module:
 QWEN3_PAD_ID, QWEN3_EOS_ID = 151643, 151645  # <|endoftext|>, <|im_end|> in the Qwen3 tokenizer
 
 
-def tiny_target(
-    arch: str = "qwen3",  # "qwen3" (dense), "qwen3_5" (hybrid Gated DeltaNet + full attention) or "llama"
-    vocab_size: int = 151936,  # Qwen3's embedding rows (covers the real tokenizer)
-    hidden_size: int = 64,
-    num_layers: int = 6,
-    seed: int = 0,  # weights are a pure function of the arguments and this seed
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    head_dim: int = 16,
-    intermediate_size: int = 128,
-    full_attention_interval: int = 3,  # qwen3_5: every k-th layer is full attention, the others linear attention
-    init_std: float | None = None,  # weight init std; None: 1/sqrt(hidden_size)
-    lm_head_std: float | None = None,  # lm_head init std; None: 2/sqrt(hidden_size) (logit spread ≈ 2× a real LM's)
-    dtype: torch.dtype = torch.float32,
-    **overrides,  # any other config field
-):
-    "A small fixed-seed transformers CausalLM (Qwen3 or Qwen3.5 hybrid) built from a config, in eval mode."
+def _tiny_config(arch: str, common: dict, num_layers: int, full_attention_interval: int, overrides: dict):
+    "The transformers config of a tiny `arch` target from the `common` fields, and its CausalLM class."
     from transformers import (
         Qwen3Config,
         Qwen3ForCausalLM,
@@ -99,22 +84,6 @@ def tiny_target(
         LlamaForCausalLM,
     )
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        head_dim=head_dim,
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=QWEN3_PAD_ID,
-        eos_token_id=QWEN3_EOS_ID,
-        bos_token_id=None,
-        initializer_range=init_std if init_std is not None else hidden_size**-0.5,
-    )
     if arch == "qwen3":
         cfg = Qwen3Config(
             **{**common, "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0}, **overrides}
@@ -146,6 +115,44 @@ def tiny_target(
         cls = LlamaForCausalLM
     else:
         raise ValueError(f"unknown tiny target arch {arch!r}; expected 'qwen3', 'qwen3_5' or 'llama'")
+    return cfg, cls
+
+
+# %% ../nbs/07_target.ipynb #ac3638e3
+def tiny_target(
+    arch: str = "qwen3",  # "qwen3" (dense), "qwen3_5" (hybrid Gated DeltaNet + full attention) or "llama"
+    vocab_size: int = 151936,  # Qwen3's embedding rows (covers the real tokenizer)
+    hidden_size: int = 64,
+    num_layers: int = 6,
+    seed: int = 0,  # weights are a pure function of the arguments and this seed
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 16,
+    intermediate_size: int = 128,
+    full_attention_interval: int = 3,  # qwen3_5: every k-th layer is full attention, the others linear attention
+    init_std: float | None = None,  # weight init std; None: 1/sqrt(hidden_size)
+    lm_head_std: float | None = None,  # lm_head init std; None: 2/sqrt(hidden_size) (logit spread ≈ 2× a real LM's)
+    dtype: torch.dtype = torch.float32,
+    **overrides,  # any other config field
+):
+    "A small fixed-seed transformers CausalLM (Qwen3 or Qwen3.5 hybrid) built from a config, in eval mode."
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=QWEN3_PAD_ID,
+        eos_token_id=QWEN3_EOS_ID,
+        bos_token_id=None,
+        initializer_range=init_std if init_std is not None else hidden_size**-0.5,
+    )
+    cfg, cls = _tiny_config(arch, common, num_layers, full_attention_interval, overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = cls(cfg)

@@ -8,6 +8,7 @@ import contextlib, json, os, signal, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+from fastcore.basics import patch
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -155,14 +156,37 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
         ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
         atomic_write_text(run_dir / RUN_FILE, json.dumps(ident) + "\n")
 
+# %% ../nbs/08_trainer.ipynb #743153b3
+def _run_data(cfg: TrainConfig):
+    "The run's tokenizer and samples (refusing data of another template), its row stream and the data set's id."
+    from dflash_nb.records import load_tokenizer
+    from dflash_nb.shards import load_manifest
+    tokenizer = load_tokenizer(tokenizer_dir(cfg.target))
+    manifest = load_manifest(cfg.data_dir)
+    check_template(manifest, tokenizer, cfg.data_dir)
+    samples = load_samples(cfg.data_dir)
+    stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
+    data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
+    return tokenizer, samples, stream, data_id
+
+# %% ../nbs/08_trainer.ipynb #e7f458b9
+def _run_optimizer(cfg: TrainConfig, drafter: nn.Module, drafter_device: torch.device):
+    "The drafter's trainable parameters, whether AdamW runs fused, AdamW and its warmup-then-cosine schedule."
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    fused = _fused_ok(drafter_device)
+    o = cfg.optim
+    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+                                  fused=fused)
+    schedule = lambda s: lr_factor(s, cfg.steps, o.warmup_frac, o.min_lr_frac)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return params, fused, optimizer, scheduler
+
 # %% ../nbs/08_trainer.ipynb #60afce96
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
               locks: Optional[list] = None) -> Run:   # the run dir's lock is appended here (the caller releases it)
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
-    from dflash_nb.records import load_tokenizer
-    from dflash_nb.shards import load_manifest
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, local_rank = dist_env()
@@ -184,12 +208,7 @@ def build_run(cfg: TrainConfig,
     if rank == 0 and cfg.report_to: log.tracker = Trackers(cfg.report_to, run_dir, config=to_dict(cfg))
     # ---- data: refuse another template, build the row stream ----------------------------------------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
-    tokenizer = load_tokenizer(tokenizer_dir(cfg.target))
-    manifest = load_manifest(cfg.data_dir)
-    check_template(manifest, tokenizer, cfg.data_dir)
-    samples = load_samples(cfg.data_dir)
-    stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
-    data_id = stable_seed(json.dumps(manifest.get("shards", [])), manifest.get("template_fingerprint"))
+    tokenizer, samples, stream, data_id = _run_data(cfg)
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     check_sizes(cfg, target_device, drafter_device, target)   # sizes that cannot fit: one line, before allocating
     if target is None: target = build_target(cfg.target, target_device)
@@ -212,13 +231,7 @@ def build_run(cfg: TrainConfig,
     if distributed:
         ids = [drafter_device] if drafter_device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(drafter, device_ids=ids)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    fused = _fused_ok(drafter_device)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
-                                  fused=fused)
-    schedule = lambda s: lr_factor(s, cfg.steps, o.warmup_frac, o.min_lr_frac)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    params, fused, optimizer, scheduler = _run_optimizer(cfg, drafter, drafter_device)
     lm_head_w = drafter_lm_head_weight(drafter, features, drafter_device)
     dtype = torch.bfloat16 if drafter_device.type == "cuda" else torch.float32
     backend, why = pick_backend(cfg.backend, drafter_device, dtype, drafter_cfg, cfg.max_tokens, cfg.max_anchors,
@@ -319,58 +332,70 @@ class Checkpointer:
                                   "checkpoint.s3_uri")
         uploader.claim()    # the prefix becomes this run's (an atomic conditional put), or its other owner refuses us
 
-    def checkpoint(self, step: int):
-        "Checkpoint the state after `step` optimizer steps (on every rank: the RNG gather and outcome are collective)."
-        run = self.run
-        worst = int(self.metrics.worst_run.item())
-        if worst >= run.cfg.max_nonfinite: raise NonFiniteError(f"{worst} non-finite steps in a row")
-        rngs = [None] * run.world if run.distributed else None
-        if run.distributed: dist.gather_object(rng_state(run.drafter_device), rngs if run.rank == 0 else None, dst=0)
-        else: rngs = [rng_state(run.drafter_device)]
-        check_on_rank0(run.distributed, run.rank, lambda: self.save(step, rngs))
 
-    def save(self, step: int, rngs: list):
-        "Write the checkpoint of `step` (rank 0) and submit it for upload."
-        run, cfg, uploader = self.run, self.run.cfg, self.uploader
-        state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch,
-                 "world_size": run.world,
-                 "data_id": run.data_id,
-                 "run_id": run.run_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
-        weights = run.drafter.trainable_state_dict()
-        d = save_checkpoint(run.ckpt_root, step, weights, run.optimizer, run.scheduler, state, rngs, cfg,
-                            keep=cfg.checkpoint.keep, fault=cfg.fault,
-                            extra={"drafter_config.json": json.dumps(to_dict(run.drafter_cfg), indent=1)},
-                            protect=uploader.not_in_s3() if uploader else ())   # local copies stay until they are in S3
-        self.last = d
-        run.log.record({"event": "checkpoint", "dir": str(d), "step": step})
-        if uploader:
-            if uploader.fatal:
-                raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in "
-                                      f"{run.ckpt_root}: "
-                                      f"fix checkpoint.s3_uri or the credentials, then rerun with train.resume=auto")
-            uploader.submit(d)
+# %% ../nbs/08_trainer.ipynb #9436171e
+@patch
+def checkpoint(self: Checkpointer, step: int):
+    "Checkpoint the state after `step` optimizer steps (on every rank: the RNG gather and outcome are collective)."
+    run = self.run
+    worst = int(self.metrics.worst_run.item())
+    if worst >= run.cfg.max_nonfinite: raise NonFiniteError(f"{worst} non-finite steps in a row")
+    rngs = [None] * run.world if run.distributed else None
+    if run.distributed: dist.gather_object(rng_state(run.drafter_device), rngs if run.rank == 0 else None, dst=0)
+    else: rngs = [rng_state(run.drafter_device)]
+    check_on_rank0(run.distributed, run.rank, lambda: self.save(step, rngs))
 
-    def close(self):
-        "Wait for the uploads; then prune the local copies that waited for them."
-        if self.uploader:
-            self.uploader.close()
-            if self.run.rank == 0:
-                prune_checkpoints(self.run.ckpt_root, self.run.cfg.checkpoint.keep, self.uploader.not_in_s3())
+# %% ../nbs/08_trainer.ipynb #5c591be2
+@patch
+def save(self: Checkpointer, step: int, rngs: list):
+    "Write the checkpoint of `step` (rank 0) and submit it for upload."
+    run, cfg, uploader = self.run, self.run.cfg, self.uploader
+    state = {"step": step, "rows_consumed": step * cfg.global_batch, "global_batch": cfg.global_batch,
+             "world_size": run.world,
+             "data_id": run.data_id,
+             "run_id": run.run_id, "counters": {"nonfinite_total": int(self.metrics.nonfinite_total.item())}}
+    weights = run.drafter.trainable_state_dict()
+    d = save_checkpoint(run.ckpt_root, step, weights, run.optimizer, run.scheduler, state, rngs, cfg,
+                        keep=cfg.checkpoint.keep, fault=cfg.fault,
+                        extra={"drafter_config.json": json.dumps(to_dict(run.drafter_cfg), indent=1)},
+                        protect=uploader.not_in_s3() if uploader else ())   # local copies stay until they are in S3
+    self.last = d
+    run.log.record({"event": "checkpoint", "dir": str(d), "step": step})
+    if uploader:
+        if uploader.fatal:
+            raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in "
+                                  f"{run.ckpt_root}: "
+                                  f"fix checkpoint.s3_uri or the credentials, then rerun with train.resume=auto")
+        uploader.submit(d)
 
-    def s3_summary(self) -> dict:
-        u = self.uploader
-        if u is None: return {"s3_uploaded": [], "s3_failed": [], "s3_unfinished": []}
-        return {"s3_uploaded": u.uploaded, "s3_failed": u.failed, "s3_unfinished": list(u.pending)}
+# %% ../nbs/08_trainer.ipynb #ec4f0a0b
+@patch
+def close(self: Checkpointer):
+    "Wait for the uploads; then prune the local copies that waited for them."
+    if self.uploader:
+        self.uploader.close()
+        if self.run.rank == 0:
+            prune_checkpoints(self.run.ckpt_root, self.run.cfg.checkpoint.keep, self.uploader.not_in_s3())
 
-    def check_final_uploaded(self):
-        "Raise when the run's last checkpoint did not reach S3 (it is kept locally; the message says how to upload it)."
-        u, last = self.uploader, self.last
-        if u and last is not None and (u.fatal or last.name in u.not_in_s3()):
-            why = "the upload failed, see s3_upload_failed in " + str(self.run.run_dir / "metrics.jsonl")
-            raise CheckpointError(f"the final checkpoint {last} is not in {u.uri()} "
-                                  f"({u.fatal or why}); "
-                                  f"it is kept locally at {last}: rerun with train.resume=auto to upload it again, "
-                                  f"or copy it yourself (aws s3 cp --recursive {last} {u.uri(last.name)}/)")
+# %% ../nbs/08_trainer.ipynb #0fd0f8b6
+@patch
+def s3_summary(self: Checkpointer) -> dict:
+    "The S3 part of the run summary: the checkpoints uploaded, failed and still unfinished."
+    u = self.uploader
+    if u is None: return {"s3_uploaded": [], "s3_failed": [], "s3_unfinished": []}
+    return {"s3_uploaded": u.uploaded, "s3_failed": u.failed, "s3_unfinished": list(u.pending)}
+
+# %% ../nbs/08_trainer.ipynb #7af0b448
+@patch
+def check_final_uploaded(self: Checkpointer):
+    "Raise when the run's last checkpoint did not reach S3 (it is kept locally; the message says how to upload it)."
+    u, last = self.uploader, self.last
+    if u and last is not None and (u.fatal or last.name in u.not_in_s3()):
+        why = "the upload failed, see s3_upload_failed in " + str(self.run.run_dir / "metrics.jsonl")
+        raise CheckpointError(f"the final checkpoint {last} is not in {u.uri()} "
+                              f"({u.fatal or why}); "
+                              f"it is kept locally at {last}: rerun with train.resume=auto to upload it again, "
+                              f"or copy it yourself (aws s3 cp --recursive {last} {u.uri(last.name)}/)")
 
 # %% ../nbs/08_trainer.ipynb #31406a2c
 def make_producer(run: Run, start: int) -> FeatureProducer:

@@ -17,6 +17,8 @@ EXCEPTIONS = {
     ("09_evaluate", "_parser"): "dflash-eval's options declared one after another: the one place a reader looks them up",
     ("09_evaluate", "_main_prompts"): "the --prompts report in the order it prints: τ per file, speed-ups, vLLM's figures",
     ("09_evaluate", "_main_data"): "the --data report in the order it prints: the walk, sampled τ, speed-up, the real loop",
+    ("11_train", "run"): "the project's top-level phases in order (target, data, tau before, train, tau after, export), "
+                         "one set of devices, target and report shared by all",
 }
 
 
