@@ -153,10 +153,13 @@ def held_checkpoints(run_dir) -> Optional[str]:
 
 # %% ../nbs/11_train.ipynb #33769ecd
 def _tokenized(key: str, data_dir):
-    "A local tokenized data dir must exist and hold a manifest (s3:// is checked where it is read)."
-    if data_dir and not str(data_dir).startswith("s3://") and not (Path(data_dir) / "manifest.json").is_file():
+    "A local tokenized data dir holds a manifest and shards that pass every check (s3:// is checked where it is read)."
+    if not data_dir or str(data_dir).startswith("s3://"): return
+    if not (Path(data_dir) / "manifest.json").exists():
         raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); tokenize it first with "
                           f"`python -m dflash_nb.data`, or list raw JSONL in `inputs` to tokenize it in this run")
+    from dflash_nb.shards import read_shards
+    read_shards(data_dir)   # memory-mapped: bad data is refused here, before the run dir is created or written
 
 # %% ../nbs/11_train.ipynb #c3e914f1
 def check_run(cfg: RunConfig):

@@ -196,6 +196,9 @@ def build_run(cfg: TrainConfig,
     distributed = init_distributed(drafter_device)
     if cfg.global_batch % world:
         raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
+    # ---- data first: bad data is refused before the run dir is touched (nothing written) ---------------------
+    if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
+    tokenizer, samples, stream, data_id = _run_data(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
@@ -206,9 +209,6 @@ def build_run(cfg: TrainConfig,
     from dflash_nb.tracking import Trackers, require_trackers
     require_trackers(cfg.report_to)  # every rank: an unknown tracker or a missing package stops all ranks here
     if rank == 0 and cfg.report_to: log.tracker = Trackers(cfg.report_to, run_dir, config=to_dict(cfg))
-    # ---- data: refuse another template, build the row stream ----------------------------------------------------
-    if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
-    tokenizer, samples, stream, data_id = _run_data(cfg)
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     check_sizes(cfg, target_device, drafter_device, target)   # sizes that cannot fit: one line, before allocating
     if target is None: target = build_target(cfg.target, target_device)

@@ -200,16 +200,16 @@ def test_a_manifest_without_dataset_id_is_not_read_by_weaker_rules(tmp_path, dat
         read_shards(d)
 
 
-@pytest.mark.parametrize("probe", ["dotdot", "half_mask"])
+@pytest.mark.parametrize("probe", ["dotdot", "half_mask", "no_dataset_id", "fifo_manifest"])
 def test_hostile_data_set_is_refused_by_the_train_command(tmp_path, data, capsys, probe):
-    "Through the train command: one line, exit 2, and no checkpoint (training never started)."
+    "Through the train command: one line, exit 2, and nothing written: the data is checked before the run dir."
     d, o = _copy(data, tmp_path / "D"), _copy(data, tmp_path / "outside")
     PROBES[probe][0](d, o)
     before = snap(o)
     cfg = write_run_config(tmp_path / "r.yaml", train_dict(tmp_path / "run", d, steps=2))
     with deadline(): assert train_mod.main(["--config", str(cfg)]) == 2
     assert PROBES[probe][1] in one_line(capsys, "python -m dflash_nb.train")
-    assert not (tmp_path / "run" / "checkpoints").exists() and snap(o) == before
+    assert not (tmp_path / "run").exists() and snap(o) == before
 
 
 # ---- run identity: a run dir resumes only its own run ---------------------------------------------------------------
