@@ -114,13 +114,18 @@ def main(argv=None) -> int:
         subprocess.run(cmd, check=True, cwd=ROOT)
         eval_s = time.perf_counter() - t1
         res = json.loads((tmp / "eval.json").read_text())
+        tcfg = json.loads((target / "config.json").read_text())
     (cell,) = res["prompt_sets"].values()
     r = cell["0"]
     v = r["vllm"]
     out = {
         "bench": "serving", "when": now_iso(), "host": platform.node(), "cpus": os.cpu_count(),
         "command": [c.replace(str(tmp), "$TMP") for c in cmd], "trained_here": trained_here,
-        "run": run_summary(run_dir), "prompts": n_prompts, "prompts_holding_answer": leaks,
+        "run": run_summary(run_dir),
+        "target": {k: tcfg.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                           "num_key_value_heads", "head_dim", "intermediate_size", "layer_types")},
+        "serving_python": os.environ.get("DFLASH_SERVING_PYTHON", "the checkout's .venv-serving"),
+        "prompts": n_prompts, "prompts_holding_answer": leaks,
         "chat_template_kwargs": kwargs, "max_new_tokens": res["max_new_tokens"], "temperature": 0.0,
         "dtype": "float32",
         "dflash_nb": {"tau": r["tau"], "cycles": r["cycles"], "tokens": r["tokens"], "histogram": r["histogram"],
