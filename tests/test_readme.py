@@ -72,6 +72,10 @@ CHECKS = {
     ("gpu_pipeline.json", "64-layer"): lambda d: [f"{d['extrapolation']['I_64_layer_target_s']:.2f} s"],
     ("target_packing.json", "padded"): lambda d: [f"{1 + d['tokens']['padded_waste']:.3f} → "
                                                   f"{1 + d['tokens']['packed_waste']:.3f}"],
+    ("serving-cpu.json", "identical"): lambda d: [f"{d['identical']} of {d['identical_of']}",
+                                                  f"{d['vllm']['tau']:.3f} / {d['dflash_nb']['tau']:.3f}"],
+    ("serving-cpu.json", "tokens/s"): lambda d: [f"{d['tokens_per_s']['without_drafter']:.0f} → "
+                                                 f"{d['tokens_per_s']['with_drafter']:.0f}"],
     ("eval_cache.json", "4K"): lambda d: [f"{c['proposers']['prefix']['snapshot']['target_tokens_per_committed']:.2f}"
                                           for c in d["contexts"] if c["context"] == 4096],
 }
