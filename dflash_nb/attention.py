@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, math, statistics, time, traceback
 from pathlib import Path
-from fastcore.basics import patch
+from .config import patch
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention

@@ -9,11 +9,22 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'ExpectedError', 'ConfigError', 'opt',
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'patch', 'ExpectedError', 'ConfigError', 'opt',
            'parse_document', 'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override',
            'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
            'disk_full', 'run_cli', 'CliParser', 'Terminated', 'exit_after', 'disarm_watchdogs', 'sigterm_raises',
            'scratch_dir', 'finite_json']
+
+# %% ../nbs/00a_config.ipynb #ed2cd3ad
+def patch(fn):
+    "Decorator: `fn` becomes a method of the class its first parameter is annotated with (`def f(self: Cls, ...)`)."
+    import inspect
+    inner = inspect.unwrap(fn)                     # through torch.no_grad() and other functools.wraps decorators
+    cls = inner.__annotations__[next(iter(inspect.signature(inner).parameters))]
+    while isinstance(cls, str): cls = eval(cls, inner.__globals__)   # strings under `from __future__` (or quoted)
+    fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
+    setattr(cls, fn.__name__, fn)
+    return fn
 
 # %% ../nbs/00a_config.ipynb #d83dc227
 class ExpectedError(Exception):

@@ -8,7 +8,7 @@ import contextlib, inspect, math, time
 from dataclasses import dataclass, field
 import torch
 from torch import nn
-from fastcore.basics import patch
+from .config import patch
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .config import opt
-from fastcore.basics import patch
+from .config import patch
 
 # %% auto #0
 __all__ = ['LayerType', 'SERVING_ARCH', 'default_target_layer_ids', 'check_target_layer_ids', 'DrafterConfig',

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os, sys, threading, time
 from typing import Iterable, Optional
-from fastcore.basics import patch
+from .config import patch
 
 # %% auto #0
 __all__ = ['fmt_duration', 'fmt_rate', 'progress_mode', 'default_every_s', 'Progress', 'progress', 'stage']

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 import torch
 from .metrics import Stopwatch   # chapter Metrics: device time without a host sync
-from fastcore.basics import patch
+from .config import patch
 
 # %% auto #0
 __all__ = ['stable_seed', 'RowStream', 'rank_row', 'Batch', 'make_batch', 'FeatureProducer']

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, queue, threading, time
 from pathlib import Path
 from typing import Optional
-from fastcore.basics import patch
+from .config import patch
 from .checkpoint import RUN_FILE, CheckpointError, checkpoint_name, inside, read_remote_latest, step_of
 from .storage import atomic_dir, s3_client, split_s3
 

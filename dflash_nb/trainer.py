@@ -8,7 +8,7 @@ import contextlib, json, os, signal, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
-from fastcore.basics import patch
+from .config import patch
 import torch
 import torch.distributed as dist
 from torch import nn
