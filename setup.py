@@ -13,9 +13,10 @@ setup(
     author=cfg["author"],
     license=cfg["license"],
     python_requires=">=" + cfg["min_python"],
-    # the Triton kernel source lives in the top-level kernels/ folder and is installed as dflash_nb.kernels
+    # the Triton kernel source lives in the top-level kernels/ folder, reached as dflash_nb.kernels through the
+    # symlink dflash_nb/kernels; kernels/ has no __init__.py, so it never shadows the `kernels` distribution
+    # (Hugging Face's, which transformers imports) for a python started in the project root
     packages=find_packages(include=["dflash_nb", "dflash_nb.*"]) + ["dflash_nb.kernels"],
-    package_dir={"dflash_nb.kernels": "kernels"},
     package_data={"dflash_nb": ["demo_data/*"]},
     include_package_data=True,
     install_requires=cfg.get("requirements", "").split(),

@@ -146,7 +146,7 @@ def bench_one(fn, q, k, v, g, iters, backward=True):
 
 def aot_smem():
     "Shared memory, registers and spills of every table config compiled ahead of time for sm_90 and sm_120."
-    from dflash_nb.kernels import CONFIGS, compile_for_target, ptxas_stats
+    from dflash_nb.kernels.anchor_attention import CONFIGS, compile_for_target, ptxas_stats
     rows = []
     for (d, esize), kinds in CONFIGS.items():
         dtype = torch.float32 if esize == 4 else torch.bfloat16
@@ -180,7 +180,7 @@ def sweep(q, k, v, g, fn, D, iters, record, time_left=None, need_s=0.0, aot=True
 
     With `time_left` (a callable returning seconds), candidates are skipped once fewer than `need_s` seconds remain;
     `aot=False` leaves out the ahead-of-time compiles for sm_90/sm_120 (ptxas; slow on a CPU)."""
-    from dflash_nb.kernels import LAUNCHED, SMEM_LIMIT, TileConfig, compiled_smem, override_configs
+    from dflash_nb.kernels.anchor_attention import LAUNCHED, SMEM_LIMIT, TileConfig, compiled_smem, override_configs
     res = {}  # LAUNCHED keys: (kernel, head_dim, dtype, BLOCK_M, BLOCK_N, warps, stages, capability)
     for kind in ("fwd", "dq", "dkdv"):
         rows = []
@@ -218,7 +218,7 @@ def sweep(q, k, v, g, fn, D, iters, record, time_left=None, need_s=0.0, aot=True
 
 
 def gpu_main(args):
-    from dflash_nb.kernels import LAUNCHED, SMEM_LIMIT, pick_config
+    from dflash_nb.kernels.anchor_attention import LAUNCHED, SMEM_LIMIT, pick_config
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(dev)
     import triton

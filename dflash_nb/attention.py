@@ -154,7 +154,7 @@ def _flex(q, k, v, block_mask, scale):
 
 # %% ../nbs/04a_attention.ipynb #dd0cf0c8
 def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
-    from dflash_nb.kernels import anchor_block_attention_triton  # lazy: Triton is only needed for this backend
+    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton  # lazy: Triton is only needed for this backend
 
     return anchor_block_attention_triton(
         q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block, scale=scale, window=window

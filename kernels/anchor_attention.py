@@ -1,5 +1,11 @@
 """Fused anchor-block attention: launcher, tile configurations, autograd Function.
 
+Installed as `dflash_nb.kernels.anchor_attention`. `kernels/` has no `__init__.py` on purpose: a regular package
+named `kernels` at the project root would shadow Hugging Face's `kernels` distribution (which transformers imports)
+for every `python` started there; a folder without one is at most a namespace portion, and an installed regular
+package always wins over those. Importing this module builds no kernel: the Triton functions are created on first
+use, in interpreter mode for CPU tensors (or when TRITON_INTERPRET=1) and compiled for CUDA tensors.
+
 The kernels themselves (and the definition of every symbol: S, N, B, NB, L, CS/CE, own keys, GROUP, BPT,
 ROWS, BLOCK_M, BLOCK_N, T, LSE) are in `_anchor_attn_src.py`. Public entry point:
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from dflash_nb.kernels import (CONFIGS, LAUNCHED, SMEM_LIMIT, TileConfig, anchor_block_attention_triton,
+from dflash_nb.kernels.anchor_attention import (CONFIGS, LAUNCHED, SMEM_LIMIT, TileConfig, anchor_block_attention_triton,
                                override_configs, pick_config)
 from dflash_nb.masks import anchor_context_ranges, dense_anchor_block_mask
 
@@ -232,7 +232,7 @@ def test_interpreter_and_compiler_in_one_process():
     code = ("import os, sys, torch\n"
             "if sys.argv[1] == 'triton-imported-interpreted':\n"
             "    os.environ['TRITON_INTERPRET'] = '1'; import triton; del os.environ['TRITON_INTERPRET']\n"
-            "from dflash_nb.kernels import anchor_block_attention_triton as f, compiled_smem\n"
+            "from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton as f, compiled_smem\n"
             "q=torch.randn(1,2,8,16,requires_grad=True); k=torch.randn(1,1,18,16); v=torch.randn(1,1,18,16)\n"
             "cs=torch.tensor([0,2],dtype=torch.int32); ce=torch.tensor([5,10],dtype=torch.int32)\n"
             "o=f(q,k,v,cs,ce,4); o.sum().backward(); assert torch.isfinite(q.grad).all()\n"

@@ -5,7 +5,7 @@ interpreter) code path, which the CPU correctness tests in test_kernel.py cannot
 import pytest
 import torch
 
-from dflash_nb.kernels import CONFIGS, SMEM_LIMIT, TileConfig, compile_for_target, compiled_smem, ptxas_stats
+from dflash_nb.kernels.anchor_attention import CONFIGS, SMEM_LIMIT, TileConfig, compile_for_target, compiled_smem, ptxas_stats
 
 TABLE = [(d, esize, kind) for (d, esize), kinds in CONFIGS.items() for kind in kinds]
 

