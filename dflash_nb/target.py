@@ -251,11 +251,18 @@ def _linear_attention_module(model: nn.Module):
     return None if mixer is None else sys.modules[type(mixer).__module__]
 
 # %% ../nbs/07a_target.ipynb #b0ff51ec
+def _closure_cells(fn) -> dict:
+    "The variables a function closed over, by name ({} for anything without a closure)."
+    closure = getattr(fn, "__closure__", None) or ()
+    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in closure)))
+
+def _unwrap_func_module(fn):
+    "The function inside a kernels `Func` module (HF's `kernels` installed, as transformers >= 5.25 needs), else `fn`."
+    return _closure_cells(type(fn).forward).get("func", fn) if isinstance(fn, nn.Module) else fn
+
 def _bound_kernel(module, name: str) -> str | None:
     "The package transformers bound to the kernel-or-torch function `name` of `module` at import; None: torch."
-    fn = getattr(module, name, None)
-    if fn is None or fn.__closure__ is None: return None
-    cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    cells = _closure_cells(_unwrap_func_module(getattr(module, name, None)))
     return cells.get("package") if cells.get("is_new_implementation") else None
 
 # %% ../nbs/07a_target.ipynb #773b9d10
@@ -318,7 +325,7 @@ def _fla_installed() -> bool:
 def _isolating_kernels(model: nn.Module) -> dict:
     "{module global: (what runs, function)}: the conv and recurrence a packed forward binds on this target's device."
     mod, cuda = _linear_attention_module(model), _device_type(model) == "cuda"
-    conv, rule = getattr(mod, _CONV), getattr(mod, _RULE)
+    conv, rule = (_unwrap_func_module(getattr(mod, name)) for name in (_CONV, _RULE))
     if cuda and _bound_kernel(mod, _CONV) == "causal_conv1d": pick_conv = ("causal_conv1d", conv)  # takes seq_idx
     elif cuda and _fla_installed(): pick_conv = ("fla", fla_causal_conv1d)
     else: pick_conv = ("torch reference", functools.partial(per_document_causal_conv1d, inspect.unwrap(conv)))
@@ -327,11 +334,21 @@ def _isolating_kernels(model: nn.Module) -> dict:
     return {_CONV: pick_conv, _RULE: pick_rule}
 
 # %% ../nbs/07a_target.ipynb #74f83c16
+def _global_names(fn, module) -> set[str]:
+    "The globals `fn` reads, and those read by the module's own functions it calls (one level down)."
+    # one level: transformers >= 5.25 reaches the conv through a helper, `causal_conv1d_forward`
+    names = set(fn.__code__.co_names)
+    for name in list(names):
+        helper = _unwrap_func_module(getattr(module, name, None))   # 5.25: a kernels Func module
+        if inspect.isfunction(helper) and helper.__module__ == module.__name__: names |= set(helper.__code__.co_names)
+    return names
+
 def _calls_rebindable_kernels(model: nn.Module) -> bool:
     "Whether the linear-attention layers call the conv and the recurrence through the module globals rebound here."
     mixer = _linear_attention_mixer(model)
-    names = inspect.unwrap(type(mixer).forward).__code__.co_names
-    return all(n in names and hasattr(sys.modules[type(mixer).__module__], n) for n in (_CONV, _RULE))
+    module = sys.modules[type(mixer).__module__]
+    names = _global_names(inspect.unwrap(type(mixer).forward), module)
+    return all(n in names and hasattr(module, n) for n in (_CONV, _RULE))
 
 # %% ../nbs/07a_target.ipynb #e5c8637e
 @contextlib.contextmanager

