@@ -189,7 +189,8 @@ def watch_parent(fd: int, tmp=None) -> threading.Thread:
                 if not os.read(fd, 64): break
             except InterruptedError: continue
             except OSError: break
-        print("vLLM worker: the parent process is gone; ending the worker and its processes", file=sys.stderr)
+        with contextlib.suppress(Exception):     # stderr is a pipe to the dead parent: writing to it fails
+            print("vLLM worker: the parent process is gone; ending the worker and its processes", file=sys.stderr)
         end_group(tmp)
     t = threading.Thread(target=watch, daemon=True, name="parent-watch")
     t.start()
