@@ -296,9 +296,8 @@ def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man:
             ids = [check.prompt_ids(m) for m in part]
             fits = [j for j, e in enumerate(ids) if context is None or len(e) + max_new_tokens <= context]
             torch.manual_seed(seed + i)                 # sampled with HF: a shard is the same however the run resumed
-            try: ids_, outs, secs = generate(engine, check, [part[j] for j in fits], max_new_tokens, sampling,
-                                             [ids[j] for j in fits])
-            except serving_errors() as e: raise type(e)(f"{e}; {_last_written(man, out_dir)}") from None
+            ids_, outs, secs = generate(engine, check, [part[j] for j in fits], max_new_tokens, sampling,
+                                        [ids[j] for j in fits])
             lines, st = check_completions(check, [part[j] for j in fits], ids_, outs, verify if sampling.greedy else None)
             text = "".join(lines)
             atomic_write_text(out_dir / shard_name(i), text)
@@ -588,9 +587,12 @@ def _main(argv: list) -> int:
         if a.engine == "vllm" and a.worker_timeout: extra["timeout"] = a.worker_timeout
         t0, r = time.perf_counter(), totals(man)
         if pending_shards(man, out):               # all done: nothing to start
-            with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed, **extra) as (e, v):
-                r = regenerate_shards(e, check, convs, out, man, a.max_new_tokens, sampling, v, a.seed, a.max_shards,
-                                      context_length(target), where)
+            try:
+                with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed, **extra) as (e, v):
+                    r = regenerate_shards(e, check, convs, out, man, a.max_new_tokens, sampling, v, a.seed,
+                                          a.max_shards, context_length(target), where)
+            except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from
+                raise type(err)(f"{err}; {_last_written(man, out)}") from None
     print(summary(r, time.perf_counter() - t0, out), flush=True)
     return 0
 
