@@ -18,9 +18,9 @@ from .checkpoint import CheckpointError, RunLock
 # %% auto #0
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
-           'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'changed_shards', 'totals',
-           'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock', 'auto_dtype',
-           'open_engine', 'main', 'serving_errors', 'cli', 'run_settings', 'summary']
+           'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
+           'totals', 'merge_parts', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock',
+           'auto_dtype', 'open_engine', 'main', 'serving_errors', 'cli', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -250,16 +250,18 @@ def prompts_sha(convs) -> str:
     return h.hexdigest()
 
 # %% ../nbs/01h_regen.ipynb #fa2171e7
-def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False) -> dict:
+def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False,
+                  part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
     "The manifest of `out_dir` for this run: a new one, or the one on disk when it was made with the same settings."
     out_dir = Path(out_dir)
     want = dict(prompts_sha=prompts_sha(convs), prompts=len(convs), shard_size=shard_size, settings=settings)
+    if tuple(part) != (0, 1): want["part"] = list(part)
     want = json.loads(json.dumps(want))           # as it reads back from the file (tuples are lists there)
     have, ours = _manifest_on_disk(out_dir), sorted(out_dir.glob("shard-*.jsonl"))
     if replace:
         for f in ours + [out_dir / MANIFEST]: f.unlink(missing_ok=True)
     elif have is not None and {k: have.get(k) for k in want} != want:
-        diff = [k for k in ("prompts_sha", "shard_size") if have.get(k) != want[k]]
+        diff = [k for k in ("prompts_sha", "shard_size", "part") if have.get(k) != want.get(k)]
         diff += [k for k in want["settings"] if (have.get("settings") or {}).get(k) != want["settings"][k]]
         raise ConfigError(f"{out_dir} holds completions made with other settings ({', '.join(diff) or 'format'}): "
                           f"pick another --out, or --replace to start over (nothing was changed)")
@@ -290,7 +292,8 @@ def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man:
     "Complete `convs` into the shards of `out_dir` that `man` (open_manifest) does not list yet; the totals."
     out_dir, size, todo = Path(out_dir), man["shard_size"], pending_shards(man, out_dir)
     left = sum(len(convs[i * size:(i + 1) * size]) for i in todo)
-    with Progress(len(convs), f"regenerate {out_dir.name}", "completions", initial=len(convs) - left) as bar:
+    mine = sum(len(convs[i * size:(i + 1) * size]) for i in own_shards(man))
+    with Progress(mine, f"regenerate {out_dir.name}", "completions", initial=mine - left) as bar:
         for i in todo[:max_shards]:
             part = convs[i * size:(i + 1) * size]
             ids = [check.prompt_ids(m) for m in part]
@@ -318,13 +321,18 @@ def _last_written(man: dict, out_dir) -> str:
     "Which shard the run wrote last, and how to go on: the tail of a worker failure's one line."
     done = sorted(map(int, man["shards"]))
     last = f"last shard written: {shard_name(done[-1])}" if done else "no shard written yet"
-    return f"{last} ({len(done)} of {-(-man['prompts'] // man['shard_size'])} done in {out_dir}); rerun to resume"
+    return f"{last} ({len(done)} of {len(own_shards(man))} done in {out_dir}); rerun to resume"
 
 # %% ../nbs/01h_regen.ipynb #37f3ec5e
 def pending_shards(man: dict, out_dir) -> list[int]:
     "The shards still to write: not listed as finished in the manifest, or listed but their file is gone."
     done = lambda i: str(i) in man["shards"] and (Path(out_dir) / shard_name(i)).is_file()
-    return [i for i in range(-(-man["prompts"] // man["shard_size"])) if not done(i)]
+    return [i for i in own_shards(man) if not done(i)]
+
+def own_shards(man: dict) -> list[int]:
+    "The shards this run writes: all of them, or with `--shard-index i --num-shards n` those j with j % n == i."
+    i, n = man.get("part") or (0, 1)
+    return [j for j in range(-(-man["prompts"] // man["shard_size"])) if j % n == i]
 
 def changed_shards(man: dict, out_dir) -> list[str]:
     "Finished shards whose file no longer has the bytes the manifest hashed (cut short, edited): dropped from `man`."
@@ -339,12 +347,48 @@ def changed_shards(man: dict, out_dir) -> list[str]:
 # %% ../nbs/01h_regen.ipynb #fe480327
 def totals(man: dict) -> dict:
     "The counts of a manifest's finished shards summed, and how many shards of how many are done."
-    out = dict(shards=-(-man["prompts"] // man["shard_size"]), done=len(man["shards"]))
+    out = dict(shards=len(own_shards(man)), done=len(man["shards"]))
     for st in man["shards"].values():
         for k, v in st.items():
             if isinstance(v, (int, float)): out[k] = out.get(k, 0) + v
             elif k == "too_long_at": out[k] = (out.get(k) or []) + v
     return out
+
+# %% ../nbs/01h_regen.ipynb #db30adb8
+def merge_parts(parts, out) -> dict:
+    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete and duplicate-free; copy them into `out`."
+    mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
+    if missing := [str(p) for p, m in mans if m is None]: raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
+    key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
+    first, owner, files = mans[0], {}, {}
+    for p, m in mans:
+        if key(m) != key(first[1]): raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
+        for k, st in m["shards"].items():
+            f = p / shard_name(int(k))
+            if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
+            if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != st.get("sha256"):
+                raise ConfigError(f"--merge: {f} is missing or not what its manifest hashed: rerun that part")
+            owner[k], files[k] = p, f
+    n = -(-first[1]["prompts"] // first[1]["shard_size"])
+    if gone := [j for j in range(n) if str(j) not in owner]:
+        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
+                          "the parts that own them and merge again")
+    return _write_merged(mans, files, check_out_dir(out))
+
+# %% ../nbs/01h_regen.ipynb #b1a5257c
+def _write_merged(mans, files: dict, out: Path) -> dict:
+    from dflash_nb.storage import atomic_write_bytes
+    out.mkdir(parents=True, exist_ok=True)
+    with RegenLock(out):
+        if _manifest_on_disk(out) is not None or list(out.glob("shard-*.jsonl")):
+            raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
+        man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards")}
+        man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
+                         for k in sorted(files, key=int)}
+        for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
+            atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
+        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))
+    return totals(man)
 
 # %% ../nbs/01h_regen.ipynb #44bb6955
 def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
@@ -493,8 +537,8 @@ def _parser():
                                "Errors are one line (exit 2); --debug shows their traceback.",
                    epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
     a = ap.add_argument
-    a("--target", required=True, help="the target's checkpoint directory (config.json + weights)")
-    a("--prompts", nargs="+", action="extend", required=True,
+    a("--target", help="the target's checkpoint directory (config.json + weights)")
+    a("--prompts", nargs="+", action="extend",
       help="prompt files (JSONL, Parquet, JSON array; FORMAT=FILE names a benchmark format) or s3:// URIs")
     a("--out", required=True, help="directory for shard-*.jsonl and regen.manifest (a rerun resumes there)")
     a("--engine", choices=["hf", "vllm"], default="hf",
@@ -515,6 +559,10 @@ def _parser():
     a("--worker-timeout", type=float, default=None, metavar="SECONDS",
       help="vllm: the longest the worker may take to load or to answer one shard before it is stopped and the run "
            "exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)")
+    a("--shard-index", type=int, default=0, help="this machine's part of the shards: those j with j %% n == i (default 0)")
+    a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
+    a("--merge", nargs="+", metavar="DIR", default=None,
+      help="check that these --shard-index runs' dirs are one complete run and copy them into --out (no engine)")
     a("--replace", action="store_true", help="delete this program's shards and manifest in --out and start over")
     a("--tokenizer", default=None, help="tokenizer directory with the chat template (default: the target's)")
     a("--chat-template-kwargs", metavar="JSON", default=None, help="extra chat template variables, as for dflash-data")
@@ -537,7 +585,7 @@ def _data_config(a) -> DataConfig:
 # %% ../nbs/01h_regen.ipynb #2212c8c2
 def _positive(a):
     for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
-                 "max_shards", "worker_timeout"):
+                 "max_shards", "worker_timeout", "num_shards"):
         v = getattr(a, flag)
         if v is not None and v < 1: raise ConfigError(f"--{flag.replace('_', '-')} {v}: must be >= 1")
 
@@ -559,6 +607,13 @@ def _main(argv: list) -> int:
     from dflash_nb.records import load_tokenizer
     a = _parser().parse_args(argv)
     _positive(a)
+    if a.merge:
+        r = merge_parts(a.merge, a.out)
+        print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
+        return 0
+    if a.target is None or not a.prompts: raise ConfigError("the following arguments are required: --target, --prompts")
+    if not 0 <= a.shard_index < a.num_shards:
+        raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} (--num-shards {a.num_shards})")
     target, out = Path(a.target), check_out_dir(a.out)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
@@ -575,11 +630,12 @@ def _main(argv: list) -> int:
     except OSError as e: raise ConfigError(f"--out {out}: cannot create it ({e.strerror})") from None
     with RegenLock(out) as lock:
         if lock.taken_over: print(f"note: took over the lock of pid {lock.taken_over.get('pid')} (no longer running)")
-        man = open_manifest(out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace)
+        man = open_manifest(out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
+                            (a.shard_index, a.num_shards))
         for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
                                                    "edited since): writing it again", flush=True)
         print(f"{len(convs):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in counts.items())}); "
-              f"{len(man['shards'])} of {-(-len(convs) // a.shard_size)} shards done in {out}", flush=True)
+              f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
         if dups: print(f"  {len(dups):,} duplicated prompts dropped (the first kept), e.g. {dups[0][0]} repeats "
                        f"{dups[0][1]}", flush=True)
         if a.threads: torch.set_num_threads(a.threads)

@@ -2,7 +2,7 @@
 
 The HF tests run the console script (or `main` in this process) on the servable tiny target of `_serving_common`, 8
 bundled prompts in shards of one, 12 new tokens. The vLLM tests start the real worker in the serving environment."""
-import contextlib, io, json, os, random, signal, subprocess, sys, threading, time
+import contextlib, io, json, os, random, shutil, signal, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 import pytest
@@ -160,7 +160,6 @@ def test_bad_out_dirs_are_refused_before_the_engine(small, tmp_path):
 
 def test_a_shard_cut_short_after_it_was_written_is_written_again(small, tmp_path):
     "A finished shard whose bytes no longer match the manifest's hash is not counted as done: the rerun rewrites it."
-    import shutil
     args, d = small
     shutil.copytree(d / "whole", tmp_path / "o")
     f = tmp_path / "o" / "shard-00003.jsonl"
@@ -192,8 +191,7 @@ def test_a_parent_killed_mid_generation_leaves_nothing(small, tmp_path):
     """`dflash-regen --engine vllm` SIGKILLed once it has written a shard (its engine core in a process of its own):
     the worker and every process it started exit within seconds; its TMPDIR and /dev/shm files are gone."""
     args, d = small
-    tmp, out = tmp_path / "tmp", tmp_path / "out"
-    tmp.mkdir()
+    tmp, out = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp")), tmp_path / "out"   # short: vLLM's ipc socket paths
     env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm"))], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -212,6 +210,7 @@ def test_a_parent_killed_mid_generation_leaves_nothing(small, tmp_path):
         assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)]
     finally:
         if p.poll() is None: p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def test_worker_faults_while_loading_are_one_line_naming_where_to_resume(small, tmp_path, monkeypatch):
@@ -250,3 +249,29 @@ def test_worker_faults_while_loading_are_one_line_naming_where_to_resume(small, 
     os.symlink(venv, tmp_path / "repo" / ".venv-serving")
     rc, _, err = run_main(*args(tmp_path / "o2", "--engine", "vllm"))
     assert rc == 2 and err.count("\n") == 1 and "not a finished serving environment" in err and "make serving" in err
+
+
+@pytest.mark.slow   # three console scripts at once (~40 s on the loaded 2-core machine)
+def test_three_machines_merge_to_one_machines_run(small, tmp_path):
+    "`--shard-index i --num-shards 3` in three processes, then `--merge`: the shards one whole run wrote, each once."
+    args, d = small
+    parts = [tmp_path / f"part{i}" for i in range(3)]
+    ps = [start(lambda out, i=i: args(out, "--shard-index", str(i), "--num-shards", "3"), parts[i]) for i in range(3)]
+    for p in ps:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    assert [sorted(f.name for f in p.glob("shard-*")) for p in parts] == [
+        ["shard-00000.jsonl", "shard-00003.jsonl", "shard-00006.jsonl"],
+        ["shard-00001.jsonl", "shard-00004.jsonl", "shard-00007.jsonl"], ["shard-00002.jsonl", "shard-00005.jsonl"]]
+    rc, _, err = run_main("--merge", parts[0], parts[1], "--out", tmp_path / "short")
+    assert rc == 2 and "3 of 8 shards are in no part (first: shard-00002.jsonl)" in err, err
+    rc, _, err = run_main("--merge", parts[0], parts[1], parts[1], parts[2], "--out", tmp_path / "twice")
+    assert rc == 2 and "shard-00001.jsonl is in both" in err, err
+    rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")
+    assert rc == 0 and f"merged 3 parts: 8 of 8 shards in {tmp_path / 'merged'}" in out, out
+    assert shards(tmp_path / "merged") == shards(d / "whole")
+    strip = lambda m: {k: {n: v for n, v in st.items() if n != "seconds"} for k, st in m["shards"].items()}
+    man = lambda o: json.loads((o / MANIFEST).read_text())
+    assert strip(man(tmp_path / "merged")) == strip(man(d / "whole"))
+    rc, out, _ = run_main(*args(tmp_path / "merged"))                 # the merged dir is a finished run's
+    assert rc == 0 and "8 of 8 shards done" in out and "loading the target" not in out
