@@ -301,7 +301,8 @@ def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man:
             torch.manual_seed(seed + i)                 # sampled with HF: a shard is the same however the run resumed
             ids_, outs, secs = generate(engine, check, [part[j] for j in fits], max_new_tokens, sampling,
                                         [ids[j] for j in fits])
-            lines, st = check_completions(check, [part[j] for j in fits], ids_, outs, verify if sampling.greedy else None)
+            lines, st = check_completions(check, [part[j] for j in fits], ids_, outs,
+                                          verify if sampling.greedy else None)
             text = "".join(lines)
             atomic_write_text(out_dir / shard_name(i), text)
             long = [(where or [])[i * size + j] if where else f"prompt {i * size + j + 1}"
@@ -356,13 +357,15 @@ def totals(man: dict) -> dict:
 
 # %% ../nbs/01h_regen.ipynb #db30adb8
 def merge_parts(parts, out) -> dict:
-    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete and duplicate-free; copy them into `out`."
+    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
     mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
-    if missing := [str(p) for p, m in mans if m is None]: raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
+    if missing := [str(p) for p, m in mans if m is None]:
+        raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
     key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
     first, owner, files = mans[0], {}, {}
     for p, m in mans:
-        if key(m) != key(first[1]): raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
+        if key(m) != key(first[1]):
+            raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
         for k, st in m["shards"].items():
             f = p / shard_name(int(k))
             if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
@@ -426,7 +429,7 @@ def _fetch_s3(uri: str, data_cfg, into: Path) -> list[Path]:
 
 # %% ../nbs/01h_regen.ipynb #948fc9c5
 def drop_duplicates(convs: list, where: list) -> tuple[list, list, list]:
-    "(convs, where) without prompts that repeat an earlier one (the first kept), and (where, where of the first) of each."
+    "(convs, where) without prompts that repeat an earlier one (the first kept); (where, where of the first) of each."
     seen, keep, at, dups = {}, [], [], []
     for m, w in zip(convs, where):
         k = hashlib.blake2b(json.dumps(m, sort_keys=True, ensure_ascii=False).encode(), digest_size=16).digest()
@@ -450,12 +453,13 @@ def context_length(target_dir) -> Optional[int]:
 LOCK = "regen.lock"
 
 def check_out_dir(out) -> Path:
-    "`out` if it is a directory (or absent) whose files of this program are regular files and that holds no foreign data."
+    "`out` if it is a directory (or absent) whose files of this program are regular files, holding no foreign data."
     from dflash_nb.storage import _what
     out = Path(out)
     if not os.path.lexists(out): return out
     try: mode = os.stat(out).st_mode
-    except OSError as e: raise ConfigError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
+    except OSError as e:
+        raise ConfigError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
     if not stat.S_ISDIR(mode): raise ConfigError(f"--out {out} is {_what(mode)}, not a directory")
     for f in sorted(out.iterdir()):
         ours = f.name in (MANIFEST, LOCK) or (f.name.startswith("shard-") and f.name.endswith(".jsonl"))
@@ -559,7 +563,7 @@ def _parser():
     a("--worker-timeout", type=float, default=None, metavar="SECONDS",
       help="vllm: the longest the worker may take to load or to answer one shard before it is stopped and the run "
            "exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)")
-    a("--shard-index", type=int, default=0, help="this machine's part of the shards: those j with j %% n == i (default 0)")
+    a("--shard-index", type=int, default=0, help="this machine's shards: those j with j %% n == i (default 0)")
     a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
     a("--merge", nargs="+", metavar="DIR", default=None,
       help="check that these --shard-index runs' dirs are one complete run and copy them into --out (no engine)")
@@ -613,7 +617,8 @@ def _main(argv: list) -> int:
         return 0
     if a.target is None or not a.prompts: raise ConfigError("the following arguments are required: --target, --prompts")
     if not 0 <= a.shard_index < a.num_shards:
-        raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} (--num-shards {a.num_shards})")
+        raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} "
+                          f"(--num-shards {a.num_shards})")
     target, out = Path(a.target), check_out_dir(a.out)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
@@ -644,7 +649,8 @@ def _main(argv: list) -> int:
         t0, r = time.perf_counter(), totals(man)
         if pending_shards(man, out):               # all done: nothing to start
             try:
-                with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed, **extra) as (e, v):
+                with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed,
+                                 **extra) as (e, v):
                     r = regenerate_shards(e, check, convs, out, man, a.max_new_tokens, sampling, v, a.seed,
                                           a.max_shards, context_length(target), where)
             except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from

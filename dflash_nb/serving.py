@@ -57,7 +57,7 @@ class VLLMEngine:
     "One vLLM engine in a worker process of the serving environment; a context manager."
     def __init__(self, target_dir, drafter_dir=None, num_speculative_tokens=None, dtype="float32", seed=0,
                  max_model_len=None,
-                 timeout: float | None = None,   # seconds a request may go unanswered (None: DFLASH_WORKER_TIMEOUT or 3600)
+                 timeout: float | None = None,   # seconds a request may wait (None: DFLASH_WORKER_TIMEOUT, 3600)
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
         self.timeout = float(timeout or os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)

@@ -1,4 +1,4 @@
-"""`dflash-regen` and the vLLM worker under faults, bad input and a second run: real processes, real signals, real files.
+"""`dflash-regen` and the vLLM worker under faults, bad input and a second run: real processes, signals and files.
 
 The HF tests run the console script (or `main` in this process) on the servable tiny target of `_serving_common`, 8
 bundled prompts in shards of one, 12 new tokens. The vLLM tests start the real worker in the serving environment."""
@@ -106,7 +106,8 @@ def test_hostile_prompt_files_are_one_line(small, tmp_path):
     args, _ = small
     good = b'{"prompt": "Hello there"}\n'
     cases = {b'{"prompt": "a\x00b"}\n': ":1: not JSON", good + b'{"prompt": "ab"}\x00\n': ":2: not JSON",
-             b'{"prompt": "caf\xe9"}\n': ":1: not JSON (invalid UTF-8", good + b"[1]\n": ":2: record must be a JSON object",
+             b'{"prompt": "caf\xe9"}\n': ":1: not JSON (invalid UTF-8",
+             good + b"[1]\n": ":2: record must be a JSON object",
              b'{"prompt": "' + b"x" * (2 << 20) + b'"}\n': ":1: record larger than 1048576 bytes",
              b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}\n": ":1: not JSON (nested too deeply)",
              good + b'"a string"\n': ":2: record must be a JSON object, got str",
