@@ -19,7 +19,7 @@ from .checkpoint import CheckpointError, RunLock
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
            'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
-           'totals', 'merge_parts', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock',
+           'totals', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
            'auto_dtype', 'open_engine', 'main', 'serving_errors', 'cli', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
@@ -355,44 +355,6 @@ def totals(man: dict) -> dict:
             elif k == "too_long_at": out[k] = (out.get(k) or []) + v
     return out
 
-# %% ../nbs/01h_regen.ipynb #db30adb8
-def merge_parts(parts, out) -> dict:
-    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
-    mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
-    if missing := [str(p) for p, m in mans if m is None]:
-        raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
-    key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
-    first, owner, files = mans[0], {}, {}
-    for p, m in mans:
-        if key(m) != key(first[1]):
-            raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
-        for k, st in m["shards"].items():
-            f = p / shard_name(int(k))
-            if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
-            if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != st.get("sha256"):
-                raise ConfigError(f"--merge: {f} is missing or not what its manifest hashed: rerun that part")
-            owner[k], files[k] = p, f
-    n = -(-first[1]["prompts"] // first[1]["shard_size"])
-    if gone := [j for j in range(n) if str(j) not in owner]:
-        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
-                          "the parts that own them and merge again")
-    return _write_merged(mans, files, check_out_dir(out))
-
-# %% ../nbs/01h_regen.ipynb #b1a5257c
-def _write_merged(mans, files: dict, out: Path) -> dict:
-    from dflash_nb.storage import atomic_write_bytes
-    out.mkdir(parents=True, exist_ok=True)
-    with RegenLock(out):
-        if _manifest_on_disk(out) is not None or list(out.glob("shard-*.jsonl")):
-            raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
-        man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards")}
-        man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
-                         for k in sorted(files, key=int)}
-        for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
-            atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
-        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))
-    return totals(man)
-
 # %% ../nbs/01h_regen.ipynb #44bb6955
 def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
                  max_record_bytes: Optional[int] = None,
@@ -491,6 +453,44 @@ class RegenLock(RunLock):
                               f"{self.path}") from None
         except OSError as e:
             raise ConfigError(f"--out {self.path.parent}: cannot write there ({e.strerror})") from None
+
+# %% ../nbs/01h_regen.ipynb #db30adb8
+def merge_parts(parts, out) -> dict:
+    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
+    mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
+    if missing := [str(p) for p, m in mans if m is None]:
+        raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
+    key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
+    first, owner, files = mans[0], {}, {}
+    for p, m in mans:
+        if key(m) != key(first[1]):
+            raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
+        for k, st in m["shards"].items():
+            f = p / shard_name(int(k))
+            if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
+            if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != st.get("sha256"):
+                raise ConfigError(f"--merge: {f} is missing or not what its manifest hashed: rerun that part")
+            owner[k], files[k] = p, f
+    n = -(-first[1]["prompts"] // first[1]["shard_size"])
+    if gone := [j for j in range(n) if str(j) not in owner]:
+        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
+                          "the parts that own them and merge again")
+    return _write_merged(mans, files, check_out_dir(out))
+
+# %% ../nbs/01h_regen.ipynb #b1a5257c
+def _write_merged(mans, files: dict, out: Path) -> dict:
+    from dflash_nb.storage import atomic_write_bytes
+    out.mkdir(parents=True, exist_ok=True)
+    with RegenLock(out):
+        if _manifest_on_disk(out) is not None or list(out.glob("shard-*.jsonl")):
+            raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
+        man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards")}
+        man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
+                         for k in sorted(files, key=int)}
+        for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
+            atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
+        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))
+    return totals(man)
 
 # %% ../nbs/01h_regen.ipynb #c50a2ba7
 def auto_dtype(dtype: str, device=None) -> str:
