@@ -13,7 +13,6 @@ from .config import ConfigError, run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
 from .storage import atomic_write_text
-from .checkpoint import CheckpointError, RunLock
 
 # %% auto #0
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
@@ -414,9 +413,14 @@ def context_length(target_dir) -> Optional[int]:
 # %% ../nbs/01h_regen.ipynb #c6f35115
 LOCK = "regen.lock"
 
+def _what(mode: int) -> str:
+    "What kind of file a stat mode is, in words."
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
 def check_out_dir(out) -> Path:
     "`out` if it is a directory (or absent) whose files of this program are regular files, holding no foreign data."
-    from dflash_nb.storage import _what
     out = Path(out)
     if not os.path.lexists(out): return out
     try: mode = os.stat(out).st_mode
@@ -436,14 +440,16 @@ def check_out_dir(out) -> Path:
     return out
 
 # %% ../nbs/01h_regen.ipynb #228deaec
-class RegenLock(RunLock):
+class RegenLock:
     "Exclusive ownership of a `dflash-regen` out dir: the trainer's `RunLock` as `regen.lock`, refusals as ConfigError."
     def __init__(self, out_dir):
-        super().__init__(out_dir)
-        self.path = Path(out_dir) / LOCK
+        self.path, self.lock, self.taken_over = Path(out_dir) / LOCK, None, None
 
     def acquire(self) -> "RegenLock":
-        try: return super().acquire()
+        from dflash_nb.checkpoint import CheckpointError, RunLock
+        lock = RunLock(self.path.parent)
+        lock.path = self.path
+        try: self.lock = lock.acquire()
         except CheckpointError:
             try: h = json.loads(self.path.read_text())
             except (OSError, ValueError): h = {}
@@ -453,6 +459,15 @@ class RegenLock(RunLock):
                               f"{self.path}") from None
         except OSError as e:
             raise ConfigError(f"--out {self.path.parent}: cannot write there ({e.strerror})") from None
+        self.taken_over = lock.taken_over
+        return self
+
+    def release(self):
+        if self.lock is not None: self.lock.release()
+        self.lock = None
+
+    def __enter__(self): return self.acquire()
+    def __exit__(self, *exc): self.release()
 
 # %% ../nbs/01h_regen.ipynb #db30adb8
 def merge_parts(parts, out) -> dict:
