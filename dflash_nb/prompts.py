@@ -5,7 +5,7 @@
 # %% ../nbs/01e_prompts.ipynb #7dbb4ad4
 from __future__ import annotations
 import inspect, json, os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import torch
 
@@ -248,6 +248,7 @@ class PromptFile:
     detected: bool               # True: told from the first record's fields; False: named by the user
     conversations: list          # per record: the messages to continue (no trailing assistant turn)
     followups: list              # per record: later user turns, each sent after the target's answer to the one before
+    where: list = field(default_factory=list)   # per record: where it was read (`FILE:LINE`, `FILE: row N`)
     def __len__(self): return len(self.conversations)
     def __getitem__(self, i): return self.conversations[i]
     def __iter__(self): return iter(self.conversations)
@@ -283,6 +284,7 @@ def read_prompt_file(
         except (RecordError, PromptFileError) as e: raise PromptFileError(f"{where}: {e}") from None
         out.conversations.append(msgs)
         out.followups.append(later)
+        out.where.append(where)
         if max_records is not None and len(out) >= max_records: break   # the rest of the file is never read
     if not out.conversations: raise PromptFileError(f"{path}: no records")
     return out

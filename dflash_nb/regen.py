@@ -4,7 +4,7 @@
 
 # %% ../nbs/01h_regen.ipynb #d4bc4cda
 from __future__ import annotations
-import contextlib, hashlib, json, shutil, sys, time
+import contextlib, hashlib, json, os, shutil, stat, sys, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -15,9 +15,10 @@ from .progress import Progress, progress, stage
 from .storage import atomic_write_text
 
 # %% auto #0
-__all__ = ['MANIFEST', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
+__all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
-           'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'totals', 'load_prompts',
+           'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
+           'totals', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
            'auto_dtype', 'open_engine', 'main', 'serving_errors', 'cli', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
@@ -196,9 +197,10 @@ HFEngine._batch = _hf_batch
 
 # %% ../nbs/01h_regen.ipynb #99cc137d
 def generate(engine, check: CompletionCheck, convs: list[list[dict]], max_new_tokens: int,
-             sampling: Sampling = Sampling()) -> tuple[list, list, float]:
+             sampling: Sampling = Sampling(), ids=None) -> tuple[list, list, float]:   # ids: `convs` rendered already
     "(prompt ids, generated ids, seconds) of `engine` on `convs` rendered as the data pipeline renders them."
-    ids = [check.prompt_ids(m) for m in convs]
+    ids = [check.prompt_ids(m) for m in convs] if ids is None else ids
+    if not ids: return [], [], 0.0
     out = engine.generate(ids, max_new_tokens, sampling.temperature, sampling.top_p, sampling.top_k,
                           stop_token_ids=check.stop)
     return ids, out["outputs"], out["seconds"]
@@ -247,16 +249,18 @@ def prompts_sha(convs) -> str:
     return h.hexdigest()
 
 # %% ../nbs/01h_regen.ipynb #fa2171e7
-def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False) -> dict:
+def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False,
+                  part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
     "The manifest of `out_dir` for this run: a new one, or the one on disk when it was made with the same settings."
     out_dir = Path(out_dir)
     want = dict(prompts_sha=prompts_sha(convs), prompts=len(convs), shard_size=shard_size, settings=settings)
+    if tuple(part) != (0, 1): want["part"] = list(part)
     want = json.loads(json.dumps(want))           # as it reads back from the file (tuples are lists there)
     have, ours = _manifest_on_disk(out_dir), sorted(out_dir.glob("shard-*.jsonl"))
     if replace:
         for f in ours + [out_dir / MANIFEST]: f.unlink(missing_ok=True)
     elif have is not None and {k: have.get(k) for k in want} != want:
-        diff = [k for k in ("prompts_sha", "shard_size") if have.get(k) != want[k]]
+        diff = [k for k in ("prompts_sha", "shard_size", "part") if have.get(k) != want.get(k)]
         diff += [k for k in want["settings"] if (have.get("settings") or {}).get(k) != want["settings"][k]]
         raise ConfigError(f"{out_dir} holds completions made with other settings ({', '.join(diff) or 'format'}): "
                           f"pick another --out, or --replace to start over (nothing was changed)")
@@ -281,39 +285,79 @@ def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
 # %% ../nbs/01h_regen.ipynb #a64c6a29
 def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man: dict, max_new_tokens: int,
                       sampling: Sampling = Sampling(), verify=None, seed: int = 0,
-                      max_shards: Optional[int] = None) -> dict:   # stop after this many new shards (None: all)
+                      max_shards: Optional[int] = None,   # stop after this many new shards (None: all)
+                      context: Optional[int] = None,      # the target's context: longer prompt + answer is skipped
+                      where: Optional[list] = None) -> dict:   # per prompt, where it was read (FILE:LINE)
     "Complete `convs` into the shards of `out_dir` that `man` (open_manifest) does not list yet; the totals."
     out_dir, size, todo = Path(out_dir), man["shard_size"], pending_shards(man, out_dir)
     left = sum(len(convs[i * size:(i + 1) * size]) for i in todo)
-    with Progress(len(convs), f"regenerate {out_dir.name}", "completions", initial=len(convs) - left) as bar:
+    mine = sum(len(convs[i * size:(i + 1) * size]) for i in own_shards(man))
+    with Progress(mine, f"regenerate {out_dir.name}", "completions", initial=mine - left) as bar:
         for i in todo[:max_shards]:
             part = convs[i * size:(i + 1) * size]
+            ids = [check.prompt_ids(m) for m in part]
+            fits = [j for j, e in enumerate(ids) if context is None or len(e) + max_new_tokens <= context]
             torch.manual_seed(seed + i)                 # sampled with HF: a shard is the same however the run resumed
-            ids, outs, secs = generate(engine, check, part, max_new_tokens, sampling)
-            lines, st = check_completions(check, part, ids, outs, verify if sampling.greedy else None)
-            atomic_write_text(out_dir / shard_name(i), "".join(lines))
-            man["shards"][str(i)] = dict(st, seconds=round(secs, 3))
+            ids_, outs, secs = generate(engine, check, [part[j] for j in fits], max_new_tokens, sampling,
+                                        [ids[j] for j in fits])
+            lines, st = check_completions(check, [part[j] for j in fits], ids_, outs,
+                                          verify if sampling.greedy else None)
+            text = "".join(lines)
+            atomic_write_text(out_dir / shard_name(i), text)
+            long = [(where or [])[i * size + j] if where else f"prompt {i * size + j + 1}"
+                    for j in range(len(part)) if j not in set(fits)]
+            man["shards"][str(i)] = dict(st, prompts=len(part), too_long=len(long), seconds=round(secs, 3),
+                                         sha256=hashlib.sha256(text.encode()).hexdigest(), **_examples(long))
             atomic_write_text(out_dir / MANIFEST, json.dumps(man, indent=1))
             bar.update(len(part), kept=f"{st['kept']:,}/{st['generated']:,} tokens")
     return totals(man)
+
+# %% ../nbs/01h_regen.ipynb #f4047b24
+def _examples(where: list) -> dict:
+    "The first few places of skipped prompts, for the manifest (none: nothing stored)."
+    return {"too_long_at": where[:3]} if where else {}
+
+def _last_written(man: dict, out_dir) -> str:
+    "Which shard the run wrote last, and how to go on: the tail of a worker failure's one line."
+    done = sorted(map(int, man["shards"]))
+    last = f"last shard written: {shard_name(done[-1])}" if done else "no shard written yet"
+    return f"{last} ({len(done)} of {len(own_shards(man))} done in {out_dir}); rerun to resume"
 
 # %% ../nbs/01h_regen.ipynb #37f3ec5e
 def pending_shards(man: dict, out_dir) -> list[int]:
     "The shards still to write: not listed as finished in the manifest, or listed but their file is gone."
     done = lambda i: str(i) in man["shards"] and (Path(out_dir) / shard_name(i)).is_file()
-    return [i for i in range(-(-man["prompts"] // man["shard_size"])) if not done(i)]
+    return [i for i in own_shards(man) if not done(i)]
+
+def own_shards(man: dict) -> list[int]:
+    "The shards this run writes: all of them, or with `--shard-index i --num-shards n` those j with j % n == i."
+    i, n = man.get("part") or (0, 1)
+    return [j for j in range(-(-man["prompts"] // man["shard_size"])) if j % n == i]
+
+def changed_shards(man: dict, out_dir) -> list[str]:
+    "Finished shards whose file no longer has the bytes the manifest hashed (cut short, edited): dropped from `man`."
+    bad = []
+    for k, st in list(man["shards"].items()):
+        f = Path(out_dir) / shard_name(int(k))
+        if "sha256" in st and f.is_file() and hashlib.sha256(f.read_bytes()).hexdigest() != st["sha256"]:
+            bad.append(f.name)
+            del man["shards"][k]
+    return bad
 
 # %% ../nbs/01h_regen.ipynb #fe480327
 def totals(man: dict) -> dict:
     "The counts of a manifest's finished shards summed, and how many shards of how many are done."
-    out = dict(shards=-(-man["prompts"] // man["shard_size"]), done=len(man["shards"]))
+    out = dict(shards=len(own_shards(man)), done=len(man["shards"]))
     for st in man["shards"].values():
-        for k, v in st.items(): out[k] = out.get(k, 0) + v
+        for k, v in st.items():
+            if isinstance(v, (int, float)): out[k] = out.get(k, 0) + v
+            elif k == "too_long_at": out[k] = (out.get(k) or []) + v
     return out
 
 # %% ../nbs/01h_regen.ipynb #44bb6955
 def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
-                 max_record_bytes: Optional[int] = None) -> tuple[list, dict]:
+                 max_record_bytes: Optional[int] = None,
+                 where: Optional[list] = None) -> tuple[list, dict]:   # filled with each prompt's FILE:LINE
     "(conversations, {spec: prompts read}) of every spec in order: FILE, FORMAT=FILE or an s3:// URI."
     from dflash_nb.prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, read_prompt_file
     from dflash_nb.config import scratch_dir
@@ -329,6 +373,7 @@ def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optiona
             pf = read_prompt_file(f, prompt_format=fmt, max_records=left,
                                   max_record_bytes=max_record_bytes or MAX_PROMPT_RECORD_BYTES)
             convs += pf.conversations
+            if where is not None: where += pf.where
             counts[spec] = counts.get(spec, 0) + len(pf)
     return convs, counts
 
@@ -342,6 +387,125 @@ def _fetch_s3(uri: str, data_cfg, into: Path) -> list[Path]:
         with open_input(f, 0, data_cfg) as src, open(p, "wb") as dst: shutil.copyfileobj(src, dst, 1 << 20)
         out.append(p)
     return out
+
+# %% ../nbs/01h_regen.ipynb #948fc9c5
+def drop_duplicates(convs: list, where: list) -> tuple[list, list, list]:
+    "(convs, where) without prompts that repeat an earlier one (the first kept); (where, where of the first) of each."
+    seen, keep, at, dups = {}, [], [], []
+    for m, w in zip(convs, where):
+        k = hashlib.blake2b(json.dumps(m, sort_keys=True, ensure_ascii=False).encode(), digest_size=16).digest()
+        if k in seen:
+            dups.append((w, seen[k]))
+            continue
+        seen[k] = w
+        keep.append(m)
+        at.append(w)
+    return keep, at, dups
+
+# %% ../nbs/01h_regen.ipynb #0bdb1d0c
+def context_length(target_dir) -> Optional[int]:
+    "The target's context in tokens (`max_position_embeddings`, or its text config's); None when it names none."
+    try: cfg = json.loads((Path(target_dir) / "config.json").read_text())
+    except (OSError, ValueError): return None
+    n = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return int(n) if isinstance(n, int) and n > 0 else None
+
+# %% ../nbs/01h_regen.ipynb #c6f35115
+LOCK = "regen.lock"
+
+def _what(mode: int) -> str:
+    "What kind of file a stat mode is, in words."
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
+
+def check_out_dir(out) -> Path:
+    "`out` if it is a directory (or absent) whose files of this program are regular files, holding no foreign data."
+    out = Path(out)
+    if not os.path.lexists(out): return out
+    try: mode = os.stat(out).st_mode
+    except OSError as e:
+        raise ConfigError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
+    if not stat.S_ISDIR(mode): raise ConfigError(f"--out {out} is {_what(mode)}, not a directory")
+    for f in sorted(out.iterdir()):
+        ours = f.name in (MANIFEST, LOCK) or (f.name.startswith("shard-") and f.name.endswith(".jsonl"))
+        if ours and f.is_symlink():
+            raise ConfigError(f"{f} is a symbolic link (to {os.readlink(f)}); this program writes that name itself: "
+                              "remove the link or pick another --out")
+        if ours and not stat.S_ISREG(f.lstat().st_mode):
+            raise ConfigError(f"{f} is {_what(f.lstat().st_mode)}, not a regular file: remove it or pick another --out")
+        if not ours and f.name.endswith((".json", ".jsonl")) and not f.name.startswith("."):
+            raise ConfigError(f"{out} holds {f.name}, not a file of dflash-regen (dflash-data --input would read it "
+                              "with the shards): pick another --out")
+    return out
+
+# %% ../nbs/01h_regen.ipynb #228deaec
+class RegenLock:
+    "Exclusive ownership of a `dflash-regen` out dir: the trainer's `RunLock` as `regen.lock`, refusals as ConfigError."
+    def __init__(self, out_dir):
+        self.path, self.lock, self.taken_over = Path(out_dir) / LOCK, None, None
+
+    def acquire(self) -> "RegenLock":
+        from dflash_nb.checkpoint import CheckpointError, RunLock
+        lock = RunLock(self.path.parent)
+        lock.path = self.path
+        try: self.lock = lock.acquire()
+        except CheckpointError:
+            try: h = json.loads(self.path.read_text())
+            except (OSError, ValueError): h = {}
+            who = f"pid {h.get('pid')} on host {h.get('host')}" if isinstance(h, dict) and h else "another process"
+            raise ConfigError(f"{self.path.parent} is in use by {who} (lock file {self.path}): wait for that "
+                              f"dflash-regen to finish or pick another --out; if none runs there any more, delete "
+                              f"{self.path}") from None
+        except OSError as e:
+            raise ConfigError(f"--out {self.path.parent}: cannot write there ({e.strerror})") from None
+        self.taken_over = lock.taken_over
+        return self
+
+    def release(self):
+        if self.lock is not None: self.lock.release()
+        self.lock = None
+
+    def __enter__(self): return self.acquire()
+    def __exit__(self, *exc): self.release()
+
+# %% ../nbs/01h_regen.ipynb #db30adb8
+def merge_parts(parts, out) -> dict:
+    "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
+    mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
+    if missing := [str(p) for p, m in mans if m is None]:
+        raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
+    key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
+    first, owner, files = mans[0], {}, {}
+    for p, m in mans:
+        if key(m) != key(first[1]):
+            raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
+        for k, st in m["shards"].items():
+            f = p / shard_name(int(k))
+            if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
+            if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != st.get("sha256"):
+                raise ConfigError(f"--merge: {f} is missing or not what its manifest hashed: rerun that part")
+            owner[k], files[k] = p, f
+    n = -(-first[1]["prompts"] // first[1]["shard_size"])
+    if gone := [j for j in range(n) if str(j) not in owner]:
+        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
+                          "the parts that own them and merge again")
+    return _write_merged(mans, files, check_out_dir(out))
+
+# %% ../nbs/01h_regen.ipynb #b1a5257c
+def _write_merged(mans, files: dict, out: Path) -> dict:
+    from dflash_nb.storage import atomic_write_bytes
+    out.mkdir(parents=True, exist_ok=True)
+    with RegenLock(out):
+        if _manifest_on_disk(out) is not None or list(out.glob("shard-*.jsonl")):
+            raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
+        man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards")}
+        man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
+                         for k in sorted(files, key=int)}
+        for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
+            atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
+        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))
+    return totals(man)
 
 # %% ../nbs/01h_regen.ipynb #c50a2ba7
 def auto_dtype(dtype: str, device=None) -> str:
@@ -357,7 +521,7 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
     "(engine, verifying target or None) of `kind` 'hf' or 'vllm' on the target checkpoint in `target_dir`."
     if kind == "vllm":
         from dflash_nb.serving import VLLMEngine
-        with stage(f"starting vLLM on {target_dir}"):
+        with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout= (seconds per request)
             eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
         with eng: yield eng, None
         return
@@ -392,8 +556,8 @@ def _parser():
                                "Errors are one line (exit 2); --debug shows their traceback.",
                    epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
     a = ap.add_argument
-    a("--target", required=True, help="the target's checkpoint directory (config.json + weights)")
-    a("--prompts", nargs="+", action="extend", required=True,
+    a("--target", help="the target's checkpoint directory (config.json + weights)")
+    a("--prompts", nargs="+", action="extend",
       help="prompt files (JSONL, Parquet, JSON array; FORMAT=FILE names a benchmark format) or s3:// URIs")
     a("--out", required=True, help="directory for shard-*.jsonl and regen.manifest (a rerun resumes there)")
     a("--engine", choices=["hf", "vllm"], default="hf",
@@ -411,6 +575,13 @@ def _parser():
     a("--max-prompts", type=int, default=None, help="the first N prompts of all files together (default all)")
     a("--max-record-bytes", type=int, default=None, help="a longer prompt record is refused (default 1 MiB)")
     a("--max-shards", type=int, default=None, help="stop after K new shards (a rerun continues)")
+    a("--worker-timeout", type=float, default=None, metavar="SECONDS",
+      help="vllm: the longest the worker may take to load or to answer one shard before it is stopped and the run "
+           "exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)")
+    a("--shard-index", type=int, default=0, help="this machine's shards: those j with j %% n == i (default 0)")
+    a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
+    a("--merge", nargs="+", metavar="DIR", default=None,
+      help="check that these --shard-index runs' dirs are one complete run and copy them into --out (no engine)")
     a("--replace", action="store_true", help="delete this program's shards and manifest in --out and start over")
     a("--tokenizer", default=None, help="tokenizer directory with the chat template (default: the target's)")
     a("--chat-template-kwargs", metavar="JSON", default=None, help="extra chat template variables, as for dflash-data")
@@ -433,7 +604,7 @@ def _data_config(a) -> DataConfig:
 # %% ../nbs/01h_regen.ipynb #2212c8c2
 def _positive(a):
     for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
-                 "max_shards"):
+                 "max_shards", "worker_timeout", "num_shards"):
         v = getattr(a, flag)
         if v is not None and v < 1: raise ConfigError(f"--{flag.replace('_', '-')} {v}: must be >= 1")
 
@@ -455,27 +626,51 @@ def _main(argv: list) -> int:
     from dflash_nb.records import load_tokenizer
     a = _parser().parse_args(argv)
     _positive(a)
-    target = Path(a.target)
+    if a.merge:
+        r = merge_parts(a.merge, a.out)
+        print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
+        return 0
+    if a.target is None or not a.prompts: raise ConfigError("the following arguments are required: --target, --prompts")
+    if not 0 <= a.shard_index < a.num_shards:
+        raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} "
+                          f"(--num-shards {a.num_shards})")
+    target, out = Path(a.target), check_out_dir(a.out)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
     if a.engine == "vllm":
         from dflash_nb.serving import serving_python
         serving_python()                         # a Python with vLLM to serve with, before anything is read
-    data_cfg = _data_config(a)
-    convs, counts = load_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)
+    data_cfg, where = _data_config(a), []
+    convs, counts = load_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes, where)
+    convs, where, dups = drop_duplicates(convs, where)
     tok, gen_cfg = load_tokenizer(a.tokenizer or target), generation_config(target)
     sampling = Sampling() if a.sampling == "greedy" else recommended_sampling(gen_cfg)
     check = CompletionCheck(tok, data_cfg, end_ids(gen_cfg))
-    man = open_manifest(a.out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace)
-    print(f"{len(convs):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in counts.items())}); "
-          f"{len(man['shards'])} of {-(-len(convs) // a.shard_size)} shards done in {a.out}", flush=True)
-    if a.threads: torch.set_num_threads(a.threads)
-    extra = {"tokenizer": str(a.tokenizer)} if a.tokenizer and a.engine == "vllm" else {}
-    t0, r = time.perf_counter(), totals(man)
-    if pending_shards(man, a.out):               # all done: nothing to start
-        with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed, **extra) as (e, v):
-            r = regenerate_shards(e, check, convs, a.out, man, a.max_new_tokens, sampling, v, a.seed, a.max_shards)
-    print(summary(r, time.perf_counter() - t0, a.out), flush=True)
+    try: out.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise ConfigError(f"--out {out}: cannot create it ({e.strerror})") from None
+    with RegenLock(out) as lock:
+        if lock.taken_over: print(f"note: took over the lock of pid {lock.taken_over.get('pid')} (no longer running)")
+        man = open_manifest(out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
+                            (a.shard_index, a.num_shards))
+        for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
+                                                   "edited since): writing it again", flush=True)
+        print(f"{len(convs):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in counts.items())}); "
+              f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
+        if dups: print(f"  {len(dups):,} duplicated prompts dropped (the first kept), e.g. {dups[0][0]} repeats "
+                       f"{dups[0][1]}", flush=True)
+        if a.threads: torch.set_num_threads(a.threads)
+        extra = {"tokenizer": str(a.tokenizer)} if a.tokenizer and a.engine == "vllm" else {}
+        if a.engine == "vllm" and a.worker_timeout: extra["timeout"] = a.worker_timeout
+        t0, r = time.perf_counter(), totals(man)
+        if pending_shards(man, out):               # all done: nothing to start
+            try:
+                with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed,
+                                 **extra) as (e, v):
+                    r = regenerate_shards(e, check, convs, out, man, a.max_new_tokens, sampling, v, a.seed,
+                                          a.max_shards, context_length(target), where)
+            except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from
+                raise type(err)(f"{err}; {_last_written(man, out)}") from None
+    print(summary(r, time.perf_counter() - t0, out), flush=True)
     return 0
 
 # %% ../nbs/01h_regen.ipynb #04670724
@@ -486,7 +681,9 @@ def summary(r: dict, seconds: float, out) -> str:
     return (f"{r['done']} of {r['shards']} shards done in {out} ({seconds:.1f}s this run; {rate})\n"
             f"  kept {kept:,} of {gen:,} generated tokens; {r.get('cut_by_round_trip', 0)} completions cut where the "
             f"text re-tokenizes differently, {r.get('cut_by_verify', 0)} where batch-1 greedy differs, "
-            f"{r.get('truncated', 0)} at --max-new-tokens, {r.get('empty', 0)} empty")
+            f"{r.get('truncated', 0)} at --max-new-tokens, {r.get('empty', 0)} empty"
+            + (f"\n  {r['too_long']:,} prompts skipped: longer than the target's context with --max-new-tokens "
+               f"(e.g. {', '.join(r.get('too_long_at') or [])[:300]})" if r.get("too_long") else ""))
 
 # %% ../nbs/01h_regen.ipynb #1772ef45
 #| eval: false

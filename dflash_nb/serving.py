@@ -4,13 +4,13 @@
 
 # %% ../nbs/01g_serving.ipynb #1ed28f90
 from __future__ import annotations
-import collections, importlib.util, json, os, shutil, subprocess, sys, tempfile, threading
+import collections, importlib.util, json, os, queue, shutil, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
 
 # %% auto #0
-__all__ = ['WORKER', 'REPO', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said', 'VLLMEngine', 'generate',
-           'spec_metrics', 'close', 'spec_delta', 'acceptance_length']
+__all__ = ['WORKER', 'REPO', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said',
+           'VLLMEngine', 'exit_status', 'generate', 'spec_metrics', 'close', 'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #a431f763
 class ServingUnavailable(RuntimeError):
@@ -34,7 +34,11 @@ def serving_python() -> str:
         if not os.access(env, os.X_OK): raise ServingUnavailable(f"DFLASH_SERVING_PYTHON={env}: not an executable")
         return env
     venv = REPO / ".venv-serving" / "bin" / "python"   # not resolved: the venv's python is a link to the base one
-    if os.access(venv, os.X_OK): return str(venv)
+    if os.access(venv, os.X_OK):
+        if not (venv.parents[1] / ".installed").exists():   # `make serving` marks a finished build last
+            raise ServingUnavailable(f"{venv.parents[1]} is not a finished serving environment (`make serving` did not "
+                                     "complete there): run `make serving`")
+        return str(venv)
     if importlib.util.find_spec("vllm") is not None: return sys.executable
     raise ServingUnavailable(f"no vLLM to serve with: run `make serving` (builds {REPO / '.venv-serving'}) "
                              "or set DFLASH_SERVING_PYTHON to a Python that has vLLM")
@@ -47,18 +51,22 @@ def last_said(lines) -> str:
     return (said or lines or ["(no output)"])[-1]
 
 # %% ../nbs/01g_serving.ipynb #48f22ce1
+WORKER_TIMEOUT_S = 3600.0   # the longest a request (load, a shard's generate) may go unanswered; DFLASH_WORKER_TIMEOUT
+
 class VLLMEngine:
     "One vLLM engine in a worker process of the serving environment; a context manager."
     def __init__(self, target_dir, drafter_dir=None, num_speculative_tokens=None, dtype="float32", seed=0,
-                 max_model_len=None, **engine_kwargs):
+                 max_model_len=None,
+                 timeout: float | None = None,   # seconds a request may wait (None: DFLASH_WORKER_TIMEOUT, 3600)
+                 **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
-        python = serving_python()
+        self.timeout = float(timeout or os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
+        python, self.proc = serving_python(), None
         self._tmp = tempfile.mkdtemp(prefix="dflash_nb-vllm-")  # vLLM leaves files in TMPDIR: its own, removed by close
-        self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1,
-                                     env={**os.environ, "TMPDIR": self._tmp})
-        self._drain = threading.Thread(target=self._keep_log, daemon=True)
-        self._drain.start()
+        try: self._start(python)
+        except BaseException:                     # the worker did not start: nothing of it to keep
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            raise
         req = {"op": "load", "target_dir": str(target_dir), "drafter_dir": drafter_dir and str(drafter_dir),
                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "seed": seed,
                "max_model_len": max_model_len, "engine_kwargs": engine_kwargs}
@@ -67,9 +75,35 @@ class VLLMEngine:
             self.close()
             raise
 
+# %% ../nbs/01g_serving.ipynb #880ebf87
+def _start(self, python: str):
+    from dflash_nb.vllm_worker import PARENT_FD_ENV, TMP_ENV
+    r, w = os.pipe()                              # both close-on-exec; the worker gets r alone (pass_fds)
+    try:
+        self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=(r,),
+                                     start_new_session=True,
+                                     env={**os.environ, "TMPDIR": self._tmp, PARENT_FD_ENV: str(r),
+                                          TMP_ENV: self._tmp})
+    except BaseException:
+        os.close(w)
+        raise
+    finally: os.close(r)
+    self._alive = w
+    self._replies = queue.Queue()
+    self._drain = threading.Thread(target=self._keep_log, daemon=True)
+    self._drain.start()
+    threading.Thread(target=self._read_replies, daemon=True).start()
+
+VLLMEngine._start = _start
+
 # %% ../nbs/01g_serving.ipynb #97e34ce9
 def _keep_log(self):
     for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
+
+def _read_replies(self, out=None):
+    for line in (out or self.proc.stdout): self._replies.put(line)
+    self._replies.put(None)                       # end of output: the worker is gone
 
 # %% ../nbs/01g_serving.ipynb #81eb2394
 def _call(self, req: dict) -> dict:
@@ -78,16 +112,29 @@ def _call(self, req: dict) -> dict:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
     except BrokenPipeError: pass   # the worker is gone: its reply (none) and exit status say why
-    line = self.proc.stdout.readline()
-    if not line:
+    try: line = self._replies.get(timeout=self.timeout)
+    except queue.Empty:
+        self.close(wait=0)
+        raise ServingError(f"the vLLM worker did not answer {req['op']!r} within {self.timeout:g} s (hung?); it and "
+                           "its processes were stopped (the timeout: --worker-timeout or DFLASH_WORKER_TIMEOUT)",
+                           self.log) from None
+    if line is None:
         rc = self.proc.wait()
         self._drain.join(5)
-        raise ServingError(f"the vLLM worker exited with status {rc}: {last_said(self.log)}", self.log)
+        raise ServingError(f"{exit_status(rc)} while answering {req['op']!r}: {last_said(self.log)}", self.log)
     reply = json.loads(line)
     if "error" in reply: raise ServingError(reply["error"], self.log)
     return reply
 
-VLLMEngine._keep_log, VLLMEngine._call = _keep_log, _call
+VLLMEngine._keep_log, VLLMEngine._read_replies, VLLMEngine._call = _keep_log, _read_replies, _call
+
+# %% ../nbs/01g_serving.ipynb #fb5bbb4d
+def exit_status(rc: int) -> str:
+    "How the worker ended, in words: its exit status, or the signal that killed it."
+    if rc >= 0: return f"the vLLM worker exited with status {rc}"
+    name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+    why = " (out of memory? the kernel's OOM killer sends SIGKILL)" if -rc == signal.SIGKILL else ""
+    return f"the vLLM worker was killed by {name}{why}"
 
 # %% ../nbs/01g_serving.ipynb #dbc0d1d4
 def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature=0.0, top_p=1.0, top_k=-1,
@@ -106,23 +153,28 @@ def spec_metrics(self) -> dict | None:
 VLLMEngine.generate, VLLMEngine.spec_metrics = generate, spec_metrics
 
 # %% ../nbs/01g_serving.ipynb #98824044
-def close(self):
-    "End the worker (and its engine)."
+def close(self, wait: float = 60):   # seconds the worker gets to exit after 'close' before it is killed
+    "End the worker, its engine and every process it started; remove its TMPDIR."
     proc, self.proc = getattr(self, "proc", None), None
     if proc is None: return
-    try: _stop(proc)
-    finally: shutil.rmtree(self._tmp, ignore_errors=True)
+    try: _stop(proc, wait)
+    finally:
+        os.close(self._alive)                   # the watch's pipe: the worker's group ends itself if it still runs
+        shutil.rmtree(self._tmp, ignore_errors=True)
 
 # %% ../nbs/01g_serving.ipynb #80e041a6
-def _stop(proc):
+def _stop(proc, wait: float):
     try:
         proc.stdin.write(json.dumps({"op": "close"}) + "\n")
         proc.stdin.close()
     except (BrokenPipeError, OSError): pass
-    try: proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    try: proc.wait(timeout=wait)
+    except subprocess.TimeoutExpired: pass
+    from dflash_nb.vllm_worker import group_members
+    if proc.poll() is None or group_members(proc.pid):   # the worker still runs, or left processes behind
+        try: os.killpg(proc.pid, signal.SIGKILL)        # the group: the worker and everything it started
+        except (ProcessLookupError, PermissionError): pass
+    proc.wait()
 
 VLLMEngine.close = close
 VLLMEngine.__enter__ = lambda self: self

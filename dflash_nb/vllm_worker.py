@@ -4,12 +4,13 @@
 
 # %% ../nbs/01f_vllm_worker.ipynb #01310d27
 from __future__ import annotations
-import json, os, sys, time
+import contextlib, json, os, shutil, signal, sys, threading, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'one_line', 'drafted_tokens', 'llm_kwargs', 'with_cpu_defaults',
-           'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'main']
+__all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line', 'drafted_tokens', 'llm_kwargs',
+           'with_cpu_defaults', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members', 'shm_files',
+           'end_group', 'watch_parent', 'main']
 
 # %% ../nbs/01f_vllm_worker.ipynb #5cd24dd6
 def one_line(e: BaseException) -> str:
@@ -79,8 +80,11 @@ def spec_counts(metrics) -> dict | None:
 class Worker:
     "One vLLM engine answering `generate` and `metrics` requests."
     def __init__(self, req: dict):
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+        except ImportError as e:   # a half-built or broken serving environment
+            raise ImportError(f"{sys.executable} cannot import vLLM ({e}): run `make serving`") from None
         t0 = time.perf_counter()
         self.llm = LLM(**with_cpu_defaults(llm_kwargs(req), current_platform.is_cpu()))
         self.load_seconds = time.perf_counter() - t0
@@ -129,9 +133,74 @@ def serve(inp, out, make_worker=Worker) -> int:
             if worker is None: return 2
     return 0
 
+# %% ../nbs/01f_vllm_worker.ipynb #79afb847
+PARENT_FD_ENV = "DFLASH_WORKER_PARENT_FD"   # the read end of a pipe whose write end only the parent holds
+TMP_ENV = "DFLASH_WORKER_TMP"               # the worker's own TMPDIR, made by the parent: removed when the parent dies
+
+def group_members(pgid: int) -> list[int]:
+    "Pids of the live (not zombie) processes of process group `pgid`, this one left out (read from /proc)."
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid(): continue
+        try: state, _ppid, pgrp = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError): continue                # gone meanwhile
+        if int(pgrp) == pgid and state != "Z": out.append(int(d))
+    return out
+
+# %% ../nbs/01f_vllm_worker.ipynb #0ec4f612
+def shm_files(pids) -> set[str]:
+    "The files under /dev/shm that processes `pids` hold open or mapped."
+    found = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if (t := os.readlink(f"/proc/{pid}/fd/{fd}")).startswith("/dev/shm/"): found.add(t)
+        with contextlib.suppress(OSError):
+            for line in open(f"/proc/{pid}/maps"):
+                if "/dev/shm/" in line: found.add(line[line.index("/dev/shm/"):].split(" (deleted)")[0].strip())
+    return found
+
+# %% ../nbs/01f_vllm_worker.ipynb #00b609c7
+def end_group(tmp=None, rc: int = 3):
+    "Kill the rest of this process's group (if it leads one), remove its /dev/shm files and `tmp`, exit with `rc`."
+    me = os.getpid()
+    if os.getpgrp() == me:                                    # a group of our own: everything in it is ours
+        shm = shm_files([me])
+        for _ in range(50):
+            pids = group_members(me)
+            if not pids: break
+            shm |= shm_files(pids)
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError): os.kill(p, signal.SIGKILL)
+            time.sleep(0.02)
+        for f in shm:
+            with contextlib.suppress(OSError): os.unlink(f)
+    if tmp: shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.suppress(Exception): sys.stderr.flush()
+    os._exit(rc)
+
+# %% ../nbs/01f_vllm_worker.ipynb #9d95291c
+def watch_parent(fd: int, tmp=None) -> threading.Thread:
+    "A daemon thread that calls `end_group(tmp)` when pipe `fd` reaches end-of-file: the parent holding it is gone."
+    def watch():
+        while True:
+            try:
+                if not os.read(fd, 64): break
+            except InterruptedError: continue
+            except OSError: break
+        with contextlib.suppress(Exception):     # stderr is a pipe to the dead parent: writing to it fails
+            print("vLLM worker: the parent process is gone; ending the worker and its processes", file=sys.stderr)
+        end_group(tmp)
+    t = threading.Thread(target=watch, daemon=True, name="parent-watch")
+    t.start()
+    return t
+
 # %% ../nbs/01f_vllm_worker.ipynb #620c1082
 def main() -> int:
     "Serve requests on stdin/stdout with vLLM's own output sent to stderr."
+    if os.environ.get(PARENT_FD_ENV):                     # first, before vLLM loads: a parent may die at any time
+        watch_parent(int(os.environ[PARENT_FD_ENV]), os.environ.get(TMP_ENV))
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != here]
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
@@ -143,6 +212,4 @@ def main() -> int:
 
 # %% ../nbs/01f_vllm_worker.ipynb #45165efc
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    rc = main()
-    sys.stderr.flush()
-    os._exit(rc)  # the OS frees the engine at once; vLLM's own teardown at exit takes ~10 s here
+    end_group(rc=main())  # the OS frees the engine at once (vLLM's own teardown takes ~10 s here), the group with it

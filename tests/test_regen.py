@@ -125,7 +125,9 @@ def test_a_killed_run_resumes_to_the_same_bytes(small, tmp_path):
     assert 1 <= len(done) < 4, (len(done), p.stderr.read()[-2000:])   # killed mid-run, not after it ended
     assert all(json.loads(l) for f in done for l in (tmp_path / "killed" / f"shard-{int(f):05d}.jsonl").open())
     rc, out, _ = run_main(*args(tmp_path / "killed"))
-    assert rc == 0 and out.splitlines()[0].endswith(f"{len(done)} of 4 shards done in {tmp_path / 'killed'}")
+    note, first = out.splitlines()[:2]                       # the killed run's lock is taken over, then it resumes
+    assert rc == 0 and note == f"note: took over the lock of pid {p.pid} (no longer running)", out
+    assert first.endswith(f"{len(done)} of 4 shards done in {tmp_path / 'killed'}")
     assert shards(tmp_path / "killed") == shards(d / "whole")
     assert not [f for f in (tmp_path / "killed").iterdir() if f.name.startswith(".")]   # no temp file left
     rc, out, _ = run_main(*args(tmp_path / "killed"))

@@ -1,0 +1,278 @@
+"""`dflash-regen` and the vLLM worker under faults, bad input and a second run: real processes, signals and files.
+
+The HF tests run the console script (or `main` in this process) on the servable tiny target of `_serving_common`, 8
+bundled prompts in shards of one, 12 new tokens. The vLLM tests start the real worker in the serving environment."""
+import contextlib, io, json, os, random, shutil, signal, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+
+import pytest
+
+from _serving_common import write_served_target
+from dflash_nb.regen import LOCK, MANIFEST, main
+from dflash_nb.train import demo_data_dir
+from dflash_nb.vllm_worker import group_members, shm_files
+
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_PROGRESS": "off"}
+
+
+def run_main(*argv) -> tuple[int, str, str]:
+    "`dflash-regen` in this process: (exit status, stdout, stderr)."
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(map(str, argv)))
+    return rc, out.getvalue(), err.getvalue()
+
+
+def shards(out) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(Path(out).glob("shard-*.jsonl"))}
+
+
+def hidden(out) -> list:
+    "What a run left in the out dir besides its shards and manifest: temp files, a lock."
+    return sorted(f.name for f in Path(out).iterdir() if f.name.startswith(".") or f.name == LOCK)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    "8 bundled prompts in shards of 1, 12 new tokens, the HF engine, one whole run: (its arguments, its directory)."
+    d = tmp_path_factory.mktemp("faults")
+    served = write_served_target(d / "target")
+    prompts = demo_data_dir() / "prompts.jsonl"
+    (d / "p.jsonl").write_text("".join(prompts.read_text().splitlines(keepends=True)[:8]))
+
+    def args(out, *more, prompts=d / "p.jsonl"):
+        return ["--target", served, "--prompts", prompts, "--out", out, "--max-new-tokens", "12", "--shard-size", "1",
+                *more, "enable_thinking=false"]
+    rc, out, _ = run_main(*args(d / "whole"))
+    assert rc == 0 and "8 of 8 shards done" in out, out
+    return args, d
+
+
+def start(args, out) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out))], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(cond, proc, timeout=300, poll=0.0005):
+    "Poll `cond()` until true (True), or until `proc` ends or the timeout (False)."
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if cond(): return True
+        if proc.poll() is not None: return False
+        time.sleep(poll)
+    return False
+
+
+@pytest.mark.slow   # two runs of the console script (~30 s each on the loaded 2-core machine)
+def test_kills_resume_to_the_same_bytes_and_the_lock_holds(small, tmp_path):
+    """SIGKILL inside a shard write (its temp file seen on disk), with a second run refused meanwhile by the lock; then
+    SIGTERM at a random shard. Each rerun resumes (taking over the dead holder's lock) to the bytes one uninterrupted
+    run wrote, and leaves no temp file and no lock behind."""
+    args, d = small
+    out = tmp_path / "killed"
+    p = start(args, out)
+    assert wait_for(lambda: (out / LOCK).exists(), p), p.communicate()
+    rc, _, err = run_main(*args(out))                        # a second run on the same out dir, while the first works
+    assert rc == 2 and err.count("\n") == 1 and f"{out} is in use by pid {p.pid} on host" in err, err
+    in_write = lambda: any(f.name.startswith(".shard-") for f in os.scandir(out))
+    seen = wait_for(in_write, p)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert seen, "the run ended before a shard write was seen"
+    done = json.loads((out / MANIFEST).read_text())["shards"] if (out / MANIFEST).exists() else {}
+    assert len(done) < 8 and any(f.startswith(".shard-") for f in os.listdir(out)), os.listdir(out)   # torn write
+    rc, stdout, _ = run_main(*args(out))
+    assert rc == 0 and f"took over the lock of pid {p.pid}" in stdout, stdout
+    assert shards(out) == shards(d / "whole") and hidden(out) == []
+
+    out = tmp_path / "terminated"
+    p = start(args, out)
+    k = random.Random(os.getpid()).randrange(1, 7)           # after a random number of finished shards
+    listed = lambda: (out / MANIFEST).exists() and len(json.loads((out / MANIFEST).read_text() or "{}")
+                                                       .get("shards", {})) >= k
+    assert wait_for(listed, p, poll=0.005), p.communicate()
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143 and err.strip().splitlines()[-1] == ("dflash-regen: stopped by SIGTERM before it "
+                                                                     "finished; nothing half-written was kept"), err
+    assert hidden(out) == []                                  # no temp file, the lock given back
+    rc, stdout, _ = run_main(*args(out))
+    assert rc == 0 and "took over" not in stdout and shards(out) == shards(d / "whole")
+
+
+def test_hostile_prompt_files_are_one_line(small, tmp_path):
+    "NUL bytes, bad UTF-8, an oversized line, deep JSON, non-objects, no messages, no prompts: one line, exit 2."
+    args, _ = small
+    good = b'{"prompt": "Hello there"}\n'
+    cases = {b'{"prompt": "a\x00b"}\n': ":1: not JSON", good + b'{"prompt": "ab"}\x00\n': ":2: not JSON",
+             b'{"prompt": "caf\xe9"}\n': ":1: not JSON (invalid UTF-8",
+             good + b"[1]\n": ":2: record must be a JSON object",
+             b'{"prompt": "' + b"x" * (2 << 20) + b'"}\n': ":1: record larger than 1048576 bytes",
+             b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}\n": ":1: not JSON (nested too deeply)",
+             good + b'"a string"\n': ":2: record must be a JSON object, got str",
+             b'{"foo": 1}\n': ":1: no prompt or messages field", b'{"messages": []}\n': ":1: the conversation has",
+             b"": ": no records", b"\n \n": ": no records"}
+    for i, (data, said) in enumerate(cases.items()):
+        f = tmp_path / f"p{i}.jsonl"
+        f.write_bytes(data)
+        rc, _, err = run_main(*args(tmp_path / f"o{i}", prompts=f))
+        assert rc == 2 and err.count("\n") == 1 and f"{f}{said}" in err, (data[:40], err)
+        assert not (tmp_path / f"o{i}").exists()
+
+
+def test_duplicates_and_prompts_too_long_are_counted_with_file_and_line(small, tmp_path):
+    "A repeated prompt is dropped (the first kept), a prompt longer than the context skipped: each named FILE:LINE."
+    args, _ = small
+    f = tmp_path / "p.jsonl"
+    long = json.dumps({"prompt": "word " * 40000}) + "\n"   # ~40K tokens: past the tiny target's 32768 positions
+    f.write_text('{"prompt": "Hi"}\n' + long + '{"prompt": "Bye"}\n{"prompt": "Hi"}\n')
+    rc, out, _ = run_main(*args(tmp_path / "o", "--shard-size", "8", prompts=f))
+    assert rc == 0, out
+    assert f"1 duplicated prompts dropped (the first kept), e.g. {f}:4 repeats {f}:1" in out, out
+    assert f"1 prompts skipped: longer than the target's context with --max-new-tokens (e.g. {f}:2)" in out, out
+    man = json.loads((tmp_path / "o" / MANIFEST).read_text())
+    assert (man["prompts"], man["shards"]["0"]["too_long"], man["shards"]["0"]["too_long_at"]) == (3, 1, [f"{f}:2"])
+    lines = (tmp_path / "o" / "shard-00000.jsonl").read_text().splitlines()
+    assert [json.loads(l)["messages"][0]["content"] for l in lines] == ["Hi", "Bye"]
+
+
+def test_bad_out_dirs_are_refused_before_the_engine(small, tmp_path):
+    "A FIFO, a link where the manifest goes, another program's JSON, a file, a read-only place: one line, exit 2."
+    args, d = small
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "m").mkdir()
+    os.mkfifo(tmp_path / "m" / MANIFEST)                      # before: reading it hung the command
+    (tmp_path / "l").mkdir()
+    (tmp_path / "precious").write_text("keep me\n")
+    os.symlink(tmp_path / "precious", tmp_path / "l" / MANIFEST)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text("{}")
+    cases = {tmp_path / "fifo": "is a FIFO, not a directory", tmp_path / "m": "regen.manifest is a FIFO",
+             tmp_path / "l": "regen.manifest is a symbolic link", tmp_path / "data": "holds manifest.json",
+             tmp_path / "precious": "is a regular file, not a directory", Path("/proc/1/dflash-out"): "cannot"}
+    for out, said in cases.items():
+        t0 = time.time()
+        rc, stdout, err = run_main(*args(out))
+        assert rc == 2 and err.count("\n") == 1 and said in err and "loading the target" not in stdout + err, err
+        assert time.time() - t0 < 60
+    assert (tmp_path / "precious").read_text() == "keep me\n" and os.listdir(tmp_path / "data") == ["manifest.json"]
+
+
+def test_a_shard_cut_short_after_it_was_written_is_written_again(small, tmp_path):
+    "A finished shard whose bytes no longer match the manifest's hash is not counted as done: the rerun rewrites it."
+    args, d = small
+    shutil.copytree(d / "whole", tmp_path / "o")
+    f = tmp_path / "o" / "shard-00003.jsonl"
+    f.write_bytes(f.read_bytes()[:-10])
+    rc, out, _ = run_main(*args(tmp_path / "o"))
+    assert rc == 0 and f"note: {f} is not what was written" in out and "7 of 8 shards done" in out, out
+    assert shards(tmp_path / "o") == shards(d / "whole")
+
+
+# --- the vLLM worker ------------------------------------------------------------------------------------------------
+
+def children(pid: int) -> list:
+    "(pid, command line) of the processes whose parent is `pid`."
+    out = []
+    for e in os.listdir("/proc"):
+        try:
+            if e.isdigit() and int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append((int(e), open(f"/proc/{e}/cmdline").read().replace("\0", " ")))
+        except OSError: pass
+    return out
+
+
+def worker_of(pid: int):
+    return next((c for c, cmd in children(pid) if "vllm_worker" in cmd), None)
+
+
+@pytest.mark.slow   # starts vLLM in the serving environment (~1 min on this machine): killed once shards are written
+def test_a_parent_killed_mid_generation_leaves_nothing(small, tmp_path):
+    """`dflash-regen --engine vllm` SIGKILLed once it has written a shard (its engine core in a process of its own):
+    the worker and every process it started exit within seconds; its TMPDIR and /dev/shm files are gone."""
+    args, d = small
+    tmp, out = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp")), tmp_path / "out"   # short: vLLM's ipc socket paths
+    env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm"))], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = lambda: (out / MANIFEST).exists() and json.loads((out / MANIFEST).read_text() or "{}").get("shards")
+        assert wait_for(first, p, timeout=400, poll=0.05), p.communicate()[1][-3000:]
+        w = worker_of(p.pid)
+        group = [w, *group_members(w)]
+        held = shm_files(group)
+        assert len(group) >= 2 and os.listdir(tmp), (group, os.listdir(tmp))   # the engine core: a process of its own
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t0 = time.time()
+        while group_members(w) and time.time() - t0 < 20: time.sleep(0.05)
+        assert group_members(w) == [] and time.time() - t0 < 10, group_members(w)
+        assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)]
+    finally:
+        if p.poll() is None: p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_worker_faults_while_loading_are_one_line_naming_where_to_resume(small, tmp_path, monkeypatch):
+    """The worker stopped (SIGSTOP: it hangs) is given up after --worker-timeout; killed (SIGKILL, what the OOM killer
+    sends) is reported as such. Both: one line, exit 2, no worker left. A half-built serving env: `make serving`."""
+    args, d = small
+    out = tmp_path / "o"
+    for sig, timeout, said in ((signal.SIGSTOP, "3", "did not answer 'load' within 3 s (hung?)"),
+                               (signal.SIGKILL, "600", "killed by SIGKILL (out of memory?")):
+        found = []
+        def fault():
+            t0 = time.time()
+            while time.time() - t0 < 120 and not found:
+                if (w := worker_of(os.getpid())) is not None:
+                    found.append(w)
+                    time.sleep(0.5)
+                    os.kill(w, sig)
+                time.sleep(0.05)
+        t = threading.Thread(target=fault, daemon=True)
+        t.start()
+        t0 = time.time()
+        rc, _, err = run_main(*args(out, "--engine", "vllm", "--worker-timeout", timeout))
+        t.join()
+        err = [l for l in err.splitlines() if not l.startswith("starting vLLM on")][-1]   # the stage lines, then one
+        assert rc == 2 and err.startswith("python -m dflash_nb.regen: error: the vLLM worker ") and said in err, err
+        assert f"no shard written yet (0 of 8 done in {out}); rerun to resume" in err, err
+        assert found and not os.path.exists(f"/proc/{found[0]}")          # stopped and reaped
+        assert time.time() - t0 < 120
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, venv / "bin" / "python")
+    import dflash_nb.serving as serving
+    monkeypatch.delenv("DFLASH_SERVING_PYTHON", raising=False)
+    monkeypatch.setattr(serving, "REPO", tmp_path / "repo")
+    (tmp_path / "repo").mkdir()
+    os.symlink(venv, tmp_path / "repo" / ".venv-serving")
+    rc, _, err = run_main(*args(tmp_path / "o2", "--engine", "vllm"))
+    assert rc == 2 and err.count("\n") == 1 and "not a finished serving environment" in err and "make serving" in err
+
+
+@pytest.mark.slow   # three console scripts at once (~40 s on the loaded 2-core machine)
+def test_three_machines_merge_to_one_machines_run(small, tmp_path):
+    "`--shard-index i --num-shards 3` in three processes, then `--merge`: the shards one whole run wrote, each once."
+    args, d = small
+    parts = [tmp_path / f"part{i}" for i in range(3)]
+    ps = [start(lambda out, i=i: args(out, "--shard-index", str(i), "--num-shards", "3"), parts[i]) for i in range(3)]
+    for p in ps:
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-2000:]
+    assert [sorted(f.name for f in p.glob("shard-*")) for p in parts] == [
+        ["shard-00000.jsonl", "shard-00003.jsonl", "shard-00006.jsonl"],
+        ["shard-00001.jsonl", "shard-00004.jsonl", "shard-00007.jsonl"], ["shard-00002.jsonl", "shard-00005.jsonl"]]
+    rc, _, err = run_main("--merge", parts[0], parts[1], "--out", tmp_path / "short")
+    assert rc == 2 and "2 of 8 shards are in no part (first: shard-00002.jsonl)" in err, err
+    rc, _, err = run_main("--merge", parts[0], parts[1], parts[1], parts[2], "--out", tmp_path / "twice")
+    assert rc == 2 and "shard-00001.jsonl is in both" in err, err
+    rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")
+    assert rc == 0 and f"merged 3 parts: 8 of 8 shards in {tmp_path / 'merged'}" in out, out
+    assert shards(tmp_path / "merged") == shards(d / "whole")
+    strip = lambda m: {k: {n: v for n, v in st.items() if n != "seconds"} for k, st in m["shards"].items()}
+    man = lambda o: json.loads((o / MANIFEST).read_text())
+    assert strip(man(tmp_path / "merged")) == strip(man(d / "whole"))
+    rc, out, _ = run_main(*args(tmp_path / "merged"))                 # the merged dir is a finished run's
+    assert rc == 0 and "8 of 8 shards done" in out and "loading the target" not in out
