@@ -154,7 +154,8 @@ def _flex(q, k, v, block_mask, scale):
 
 # %% ../nbs/04a_attention.ipynb #dd0cf0c8
 def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
-    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton  # lazy: Triton is only needed for this backend
+    # lazy: Triton is only needed for this backend
+    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton
 
     return anchor_block_attention_triton(
         q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block, scale=scale, window=window
@@ -242,8 +243,8 @@ def _probe_inputs(device, dtype, H, Hkv, D, S, N, B):
     "The probe's row (anchors, keep, doc_ids, B: the arguments of a layout) and random q, k, v that require grad."
     row = (*_probe_row(S, N, B, device), B)
     g = torch.Generator(device=device).manual_seed(0)
-    mk = lambda h, n: torch.randn(1, h, n, D, device=device, dtype=dtype, generator=g).requires_grad_()  # noqa: E731
-    return row, mk(H, N * B), mk(Hkv, S + N * B), mk(Hkv, S + N * B)
+    random_heads = lambda h, n: torch.randn(1, h, n, D, device=device, dtype=dtype, generator=g).requires_grad_()  # noqa: E731
+    return row, random_heads(H, N * B), random_heads(Hkv, S + N * B), random_heads(Hkv, S + N * B)
 
 # %% ../nbs/04a_attention.ipynb #a4e1c0b2
 def _probe(name, row, q, k, v, kinds):

@@ -63,9 +63,9 @@ class Metrics:
         self.reset()
 
     def reset(self):
-        z = lambda *s: torch.zeros(*s, device=self.device, dtype=torch.float64)
-        self.loss, self.gnorm, self.skipped = z(()), z(()), z(())
-        self.correct, self.count = z(self.block_size), z(self.block_size)
+        zeros = lambda *shape: torch.zeros(*shape, device=self.device, dtype=torch.float64)
+        self.loss, self.gnorm, self.skipped = zeros(()), zeros(()), zeros(())
+        self.correct, self.count = zeros(self.block_size), zeros(self.block_size)
         self.steps = self.tokens = self.loss_tokens = 0
         self.wait = 0.0
         self.depths = []

@@ -219,10 +219,10 @@ def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig, duplicat
 # %% ../nbs/01c_shards.ipynb #3d15b45c
 def format_audit(a: dict, title: str = "data audit") -> str:
     "The audit as a plain-text table, with the reasons records were dropped and examples of each."
-    n = lambda x: f"{x:,}"
+    thousands = lambda x: f"{x:,}"
     pct = lambda d: f"{d['count']:>12,}  ({d['share']:.1%} of samples)"
-    p = a["loss_tokens_percentiles"]
-    d = a["dropped"]
+    percentiles = a["loss_tokens_percentiles"]
+    dropped = a["dropped"]
     rows = [
         ("records read", f"{a['records']:>12,}"),
         ("samples", f"{a['samples']:>12,}"),
@@ -231,24 +231,25 @@ def format_audit(a: dict, title: str = "data audit") -> str:
         ("loss tokens", f"{a['loss_tokens']:>12,}  ({a['loss_tokens'] / max(1, a['tokens']):.1%} of tokens)"),
         (
             "loss tokens/sample",
-            "  ".join(f"{k} {n(v)}" for k, v in p.items() if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100"))
+            "  ".join(f"{k} {thousands(v)}" for k, v in percentiles.items()
+                      if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100"))
             or "-",
         ),
         ("empty reasoning", pct(a["empty_reasoning"])),
         ("reasoning stripped", pct(a["reasoning_stripped"]) + f"  limit {a['reasoning_stripped']['max_fraction']:.0%}"),
-        (f"truncated (>{n(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
+        (f"truncated (>{thousands(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
         (
             f"degenerate (<{a['degenerate']['min_loss_tokens']} loss)",
             pct(a["degenerate"]) + f"  limit {a['degenerate']['max_fraction']:.0%}",
         ),
         (
             "dropped records",
-            f"{d['count']:>12,}  ({d['share']:.1%} of records)  limit {d['max_fraction']:.0%}  "
-            + ", ".join(f"{k} {v}" for k, v in d["by_reason"].items()),
+            f"{dropped['count']:>12,}  ({dropped['share']:.1%} of records)  limit {dropped['max_fraction']:.0%}  "
+            + ", ".join(f"{k} {v}" for k, v in dropped["by_reason"].items()),
         ),
     ]
-    w = max(len(k) for k, _ in rows)
-    lines = [title] + [f"  {k:<{w}}  {v}" for k, v in rows]
+    width = max(len(k) for k, _ in rows)
+    lines = [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
     lines += [f"      {e}" for ex in a["malformed"]["examples"].values() for e in ex]
     lines += [f"      {e}" for e in a["duplicates"]["examples"]]
     return "\n".join(lines)
