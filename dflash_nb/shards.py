@@ -51,7 +51,6 @@ def _record_batch(rows: list) -> pa.RecordBatch:
                                        pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())],
                                       schema=SCHEMA)
 
-# %% ../nbs/01c_shards.ipynb #0db322d4
 def _new_stats(task: ShardTask) -> dict:
     return {"key": task.key, "dataset": task.dataset, "index": task.index, "name": task.file.name, "chunk": task.chunk,
             "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0,
@@ -262,7 +261,6 @@ class DataAuditError(ExpectedError, RuntimeError):
 class CorruptFileError(ExpectedError, ValueError):
     "A shard or manifest that cannot be read (the message names it)."
 
-# %% ../nbs/01c_shards.ipynb #d577db0d
 class OutDirError(ExpectedError):
     "An output directory this run must not write to: it holds another data set, or files this program did not write."
 
@@ -309,7 +307,6 @@ def _init_forked(parent: Optional[int] = None):
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
 
-# %% ../nbs/01c_shards.ipynb #9f43a445
 def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook): the parent's exact backend tokenizer, from its JSON."
     _die_with_parent(parent)
@@ -350,7 +347,6 @@ def _dropped_message(a: dict) -> str:
             "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
             "to keep the good samples.")
 
-# %% ../nbs/01c_shards.ipynb #b24d67ac
 def _stripped_message(a: dict) -> str:
     r = a["reasoning_stripped"]
     return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
@@ -605,7 +601,6 @@ def _need(ok: bool, where, field: str, want: str, v):
     if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
                                       "python -m dflash_nb.data to rebuild the data set")
 
-# %% ../nbs/01c_shards.ipynb #0e9501b5
 def check_manifest(m, where) -> dict:   # where: the manifest's path, for the messages
     "`m` if every field training reads is there and of its type (`_check_entries`: shards, duplicates)."
     _need(isinstance(m, dict), where, "the manifest", "a JSON object", type(m).__name__)
