@@ -165,7 +165,6 @@ def _num(v, spec: str) -> str:
     "A measured number formatted with `spec`; '—' when it was not measured (None or NaN)."
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
-# %% ../nbs/08e_metrics.ipynb #a121d9a0
 def _bar_fields(rec: dict) -> dict:
     "The last interval's measurements shown next to the step bar."
     return {"loss": _num(rec.get("loss"), ".3f"), "acc@1": _num((rec.get("acc") or [None])[0], ".2f"),

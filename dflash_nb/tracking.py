@@ -68,7 +68,6 @@ def _require(name: str):
             f"train.report_to includes {name!r} but the {name} package is not installed (pip install {name}): {e}"
         ) from None
 
-# %% ../nbs/08g_tracking.ipynb #dcd0d90d
 def require_trackers(report_to) -> list[str]:
     "Check the names and that every package imports (on every rank, so that all ranks stop together); the names."
     names = check_report_to(report_to)

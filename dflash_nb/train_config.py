@@ -33,7 +33,6 @@ def _drafter_schema():
     from dflash_nb.model import DrafterConfig
     return DrafterConfig
 
-# %% ../nbs/08c_train_config.ipynb #c74fac7a
 def _fits_block(max_tokens: int, cfg) -> str | None:
     b = cfg.drafter.get("block_size") or _drafter_schema().block_size
     return None if max_tokens >= b + 1 else f"must be >= block_size + 1 = {b + 1} (an anchor and its block)"

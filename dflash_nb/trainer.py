@@ -622,7 +622,6 @@ def _some_step_finite(run: Run, metrics, ran: int, before: int):
         raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped (fewer than max_nonfinite="
                              f"{run.cfg.max_nonfinite} in a row, yet none trained); {_nonfinite_story(run, metrics)}")
 
-# %% ../nbs/08h_trainer.ipynb #1e74f1d6
 def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
     "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
     cfg = run.cfg
