@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = 0.88           # the share of exported cells that come after prose or an example (measured: see the report)
-EXAMPLE_FLOOR = 0.38   # the share of exported cells with an example within the next two cells
+EXAMPLE_FLOOR = 0.44   # the share of exported cells with an example within the next two cells
 DIRECTIVE = re.compile(r"^#\|\s*(\w+)")
 
 
@@ -82,6 +82,36 @@ def test_the_counter(tmp_path):
     test = chapter(tmp_path / "01_x.ipynb")
     assert test == Chapter("01_x", exported=5, introduced=2, shown=1, longest_bare=2), test
     assert shares([test]) == (0.4, 0.2)
+
+
+def _without_env(name, fn):
+    import os
+    saved = os.environ.pop(name, None)
+    try: return fn()
+    finally:
+        if saved is not None: os.environ[name] = saved
+
+
+# prose that quotes a default: (chapter, the words as written, what the code says)
+QUOTED_DEFAULTS = [
+    ("05_model", "`n_d` (default 5)", lambda: __import__("dflash_nb.model").model.DrafterConfig().num_hidden_layers),
+    ("07a_target", "`n_t` (default 5)", lambda: __import__("dflash_nb.model").model.DrafterConfig().num_target_features),
+    ("00c_progress", "between lines (default 15)",
+     lambda: _without_env("DFLASH_PROGRESS_EVERY", __import__("dflash_nb.progress").progress.default_every_s)),
+    ("08h_trainer", "a bounded queue (depth 2)",
+     lambda: __import__("dflash_nb.train_config").train_config.TrainConfig().queue_depth),
+]
+
+
+def test_quoted_defaults_are_the_code_s():
+    "A default the prose quotes is the one the code has: change one, and this names the sentence to change with it."
+    bad = []
+    for stem, words, actual in QUOTED_DEFAULTS:
+        text = (REPO / "nbs" / f"{stem}.ipynb").read_text()
+        quoted = float(re.search(r"(?:default|depth) (\d+)", words)[1])
+        if json.dumps(words)[1:-1] not in text: bad.append(f"nbs/{stem}.ipynb no longer says {words!r}: update QUOTED_DEFAULTS")
+        elif float(actual()) != quoted: bad.append(f"nbs/{stem}.ipynb says {words!r}, the code's default is {actual()}")
+    assert not bad, "\n".join(bad)
 
 
 if __name__ == "__main__":
