@@ -42,8 +42,10 @@ def attention_inputs(dev, c, seed=0):
     layout = AnchorBlockLayout(anchors, keep, doc_ids, c["B"])
     g = torch.Generator(device=dev).manual_seed(seed)
     NB, KV = c["N"] * c["B"], c["S"] + c["N"] * c["B"]
-    mk = lambda h, n: torch.randn(1, h, n, c["D"], device=dev, generator=g, dtype=torch.bfloat16)
-    return layout, mk(c["H"], NB), mk(c["HKV"], KV), mk(c["HKV"], KV), mk(c["H"], NB)
+    random_heads = lambda h, n: torch.randn(1, h, n, c["D"], device=dev, generator=g, dtype=torch.bfloat16)
+    q, k = random_heads(c["H"], NB), random_heads(c["HKV"], KV)             # drawn in this order: q, k, v, dout
+    v, dout = random_heads(c["HKV"], KV), random_heads(c["H"], NB)
+    return layout, q, k, v, dout
 
 
 def reference64(q, k, v, dout, mask, scale):

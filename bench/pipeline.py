@@ -166,7 +166,7 @@ def main(argv=None):
     samples = load_samples(cfg.data_dir)
     stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
     B = dcfg.block_size
-    mk = lambda k: make_batch(
+    batch_at = lambda k: make_batch(
         samples,
         stream,
         k,
@@ -178,7 +178,7 @@ def main(argv=None):
         mask_token_id=dcfg.mask_token_id,
         seed=cfg.seed,
     )
-    rows = [mk(k) for k in range(a.warmup + steps)]
+    rows = [batch_at(k) for k in range(a.warmup + steps)]
     ntok = [r.n_tokens for r in rows]
 
     # ---- I: target forward only ----------------------------------------------------------------------------------

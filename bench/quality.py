@@ -137,8 +137,8 @@ def prompts_for(n_train: int, n_held: int, templates: list = TEMPLATES) -> tuple
     random.Random(0).shuffle(topics)
     n_held_topics = max(1, -(-n_held // len(templates)))
     held_t, train_t = topics[:n_held_topics], topics[n_held_topics:]
-    mk = lambda ts: [[{"role": "user", "content": tpl.format(t=t)}] for t in ts for tpl in templates]
-    train, held = mk(train_t), mk(held_t)
+    chats_of = lambda ts: [[{"role": "user", "content": tpl.format(t=t)}] for t in ts for tpl in templates]
+    train, held = chats_of(train_t), chats_of(held_t)
     random.Random(1).shuffle(train)
     if len(train) < n_train or len(held) < n_held:
         raise SystemExit(f"quality.py: only {len(train)} training / {len(held)} held-out prompts available")

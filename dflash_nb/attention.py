@@ -141,7 +141,6 @@ def _flex_call(q, k, v, block_mask, scale):
         return _COMPILED_FLEX(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
-# %% ../nbs/04a_attention.ipynb #d31b7ddb
 def _flex(q, k, v, block_mask, scale):
     if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(
@@ -154,7 +153,8 @@ def _flex(q, k, v, block_mask, scale):
 
 # %% ../nbs/04a_attention.ipynb #dd0cf0c8
 def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
-    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton  # lazy: Triton is only needed for this backend
+    # lazy: Triton is only needed for this backend
+    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton
 
     return anchor_block_attention_triton(
         q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block, scale=scale, window=window
@@ -177,7 +177,6 @@ def _check_shapes(q, k, v, layout):
             f"and S + N·B = {layout.kv_len}"
         )
 
-# %% ../nbs/04a_attention.ipynb #b14b21bb
 def anchor_block_attention(
     q: torch.Tensor,  # (1, H, N·B, D) block queries
     k: torch.Tensor,  # (1, H_kv, S+N·B, D) keys of [context ; blocks]
@@ -237,13 +236,12 @@ def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
-# %% ../nbs/04a_attention.ipynb #a4e1c0b1
 def _probe_inputs(device, dtype, H, Hkv, D, S, N, B):
     "The probe's row (anchors, keep, doc_ids, B: the arguments of a layout) and random q, k, v that require grad."
     row = (*_probe_row(S, N, B, device), B)
     g = torch.Generator(device=device).manual_seed(0)
-    mk = lambda h, n: torch.randn(1, h, n, D, device=device, dtype=dtype, generator=g).requires_grad_()  # noqa: E731
-    return row, mk(H, N * B), mk(Hkv, S + N * B), mk(Hkv, S + N * B)
+    random_heads = lambda h, n: torch.randn(1, h, n, D, device=device, dtype=dtype, generator=g).requires_grad_()  # noqa: E731
+    return row, random_heads(H, N * B), random_heads(Hkv, S + N * B), random_heads(Hkv, S + N * B)
 
 # %% ../nbs/04a_attention.ipynb #a4e1c0b2
 def _probe(name, row, q, k, v, kinds):
@@ -281,7 +279,6 @@ def _probe(name, row, q, k, v, kinds):
                 checked += 1
     return "forward+backward ok" + (f", matches the dense reference on {checked} kind(s)" if checked else "")
 
-# %% ../nbs/04a_attention.ipynb #b320db5a
 def _first_line(e: BaseException, n=300):
     msg = " ".join(str(e).split())
     return f"{type(e).__name__}: {msg[:n]}{'…' if len(msg) > n else ''}"

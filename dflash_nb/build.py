@@ -42,7 +42,6 @@ def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torc
         return d, d
     return torch.device("cpu"), torch.device("cpu")
 
-# %% ../nbs/08d_build.ipynb #437198b5
 def init_distributed(drafter_device: torch.device) -> bool:
     "Join the process group when launched with more than one rank (NCCL on GPU, gloo on CPU); False for a single rank."
     if dist.is_available() and dist.is_initialized(): return True
@@ -73,7 +72,6 @@ def _matmul_gflops(dtype: torch.dtype, n: int = 512, reps: int = 4) -> float:
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best / 1e9
 
-# %% ../nbs/08d_build.ipynb #8fb84785
 _CPU_BF16 = {}
 
 def cpu_bf16(min_speedup: float = 2.0) -> dict:
@@ -104,7 +102,6 @@ def drafter_autocast(cfg: TrainConfig, device: torch.device):
     if not _amp_on(cfg, device): return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
-# %% ../nbs/08d_build.ipynb #11006b0e
 def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
     "What the run computes in: the target's weight dtype, the drafter's autocast, and the CPU probe behind an `auto`."
     out = {"target_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
@@ -113,7 +110,6 @@ def precision(cfg: TrainConfig, target, device: torch.device) -> dict:
         out["cpu"] = cpu_bf16()
     return out
 
-# %% ../nbs/08d_build.ipynb #29a1f44a
 def precision_line(p: dict) -> str:
     "One line for the log: what `precision` returned, and the probe's numbers when it decided."
     cpu = p.get("cpu")
@@ -135,7 +131,6 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
     from dflash_nb.records import qwen3_tokenizer_dir
     return qwen3_tokenizer_dir()
 
-# %% ../nbs/08d_build.ipynb #2bebda30
 def build_target(tc: TargetConfig, device: torch.device):
     "The frozen target CausalLM on `device`."
     from dflash_nb.target import tiny_target, load_target
@@ -154,7 +149,6 @@ def drafter_config(target_model, overrides: dict, tokenizer=None):
         ov["mask_token_id"] = resolve_mask_token_id(tokenizer, hf.vocab_size, None)
     return DrafterConfig.from_target(hf, **ov)
 
-# %% ../nbs/08d_build.ipynb #58339e85
 def build_drafter(drafter_cfg, features, device: torch.device, seed: int):
     "A new drafter on `device` (its init depends only on `seed`), sharing the target's frozen embedding and lm_head."
     import copy
@@ -167,7 +161,6 @@ def build_drafter(drafter_cfg, features, device: torch.device, seed: int):
         drafter = DFlashDrafter(drafter_cfg, embed, head)
     return drafter.to(device)
 
-# %% ../nbs/08d_build.ipynb #7291b2e3
 def drafter_lm_head_weight(drafter, features, device: torch.device) -> torch.Tensor:
     "The frozen lm_head weight the loss projects with (the drafter's copy on its device)."
     head = getattr(drafter, "lm_head", None)
@@ -311,7 +304,6 @@ def check_drafter_memory(cfg: TrainConfig, target, device: torch.device,
     if check: _refuse_beyond(parts, device, "the drafter")
     return parts
 
-# %% ../nbs/08d_build.ipynb #d1dfccbd
 def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or {part: the name of its owner}
     "`ConfigError` naming the largest part when `parts` ({what: bytes}) add up to more than `device` has available."
     need, have = sum(parts.values()), available_bytes(device)

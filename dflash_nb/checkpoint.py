@@ -62,7 +62,6 @@ def checkpoint_name(name, where: str = "checkpoint name") -> str:   # where: the
                               "refusing to use it as a path")
     return name
 
-# %% ../nbs/08a_checkpoint.ipynb #a88c4704
 def step_of(name: str) -> int:
     "The step number in a checkpoint name."
     return int(checkpoint_name(name)[5:])
@@ -270,7 +269,6 @@ def _read_state(f: Path) -> dict:
     if not isinstance(s, dict) or not isinstance(s.get("step"), int): raise ValueError("no integer `step`")
     return s
 
-# %% ../nbs/08a_checkpoint.ipynb #c54e6a62
 def _torch_data(f: Path):
     "A torch file read with `weights_only`: tensors and plain containers, never code."
     return torch.load(f, map_location="cpu", weights_only=True)

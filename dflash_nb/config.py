@@ -30,7 +30,6 @@ def patch(fn):
 class ExpectedError(Exception):
     "A failure the user can fix (a bad config value, a missing or corrupt file, refused data): one line, exit 2."
 
-# %% ../nbs/00a_config.ipynb #79b8afe2
 class ConfigError(ExpectedError, ValueError):
     "A config key or value that does not fit the dataclass schema."
 
@@ -74,7 +73,6 @@ def _check_shape(doc, source: str):
 class _Loader(yaml.SafeLoader):
     "PyYAML's safe loader, except that `1e-5` (an exponent without a dot) is a float, as in YAML 1.2 and JSON."
 
-# %% ../nbs/00a_config.ipynb #959bc9de
 _EXPONENT_FLOAT = re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
 
@@ -244,7 +242,6 @@ def _out_of_range(x, m: dict) -> str | None:
         return f"must be <= {m['max']}"
     return None
 
-# %% ../nbs/00a_config.ipynb #fd7beb9e
 def _nonfinite_in(v, key: str) -> tuple | None:
     "(dotted key, value) of the first inf or nan float anywhere inside a dict or list value (None: all finite)."
     stack = [(v, key)]
@@ -255,7 +252,6 @@ def _nonfinite_in(v, key: str) -> tuple | None:
         elif isinstance(node, (list, tuple)): stack.extend((x, f"{k}[{i}]") for i, x in enumerate(node))
     return None
 
-# %% ../nbs/00a_config.ipynb #b084f3a1
 def _typed_keys(v: dict, schema, key: str) -> dict:
     "The dict field `v` with each value typed by its key's schema: a dataclass's field types, or a {name: type} map."
     if is_dataclass(schema):
@@ -265,7 +261,6 @@ def _typed_keys(v: dict, schema, key: str) -> dict:
         return {k: _coerce(x, schema[k], f"{key}.{k}") if k in schema else x for k, x in v.items()}
     return v
 
-# %% ../nbs/00a_config.ipynb #e3e65665
 def _empty_text(v, f) -> bool:
     "A blank text where the default is not one: a path or a name left out (`run_dir=` would mean the current dir)."
     return isinstance(v, str) and not v.strip() and f.default != ""
@@ -345,7 +340,6 @@ def parse_override(item: str) -> tuple[str, object]:
         value = raw
     return key, value
 
-# %% ../nbs/00a_config.ipynb #c8d07cc5
 def apply_overrides(
     data: dict,  # nested config data, e.g. a YAML file's; not modified
     overrides=(),  # `key=value` texts (the command line), or a dict {key: value} of values already typed (code)
@@ -394,7 +388,6 @@ def _help_type(tp) -> str:
         return f"{origin.__name__}[{', '.join('...' if a is Ellipsis else _help_type(a) for a in args)}]"
     return "any" if tp is typing.Any else _type_name(tp)
 
-# %% ../nbs/00a_config.ipynb #3c80597e
 def _keys_text(keys) -> str:
     "The keys a dict field accepts (`opt(keys=...)`): names, with their types where the schema is a dataclass."
     schema = keys()
@@ -569,7 +562,6 @@ def exit_after(grace: float, why: str):
     _WATCHDOGS.append(stop)
     threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
 
-# %% ../nbs/00a_config.ipynb #065a3558
 def disarm_watchdogs():
     "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
     while _WATCHDOGS: _WATCHDOGS.pop().set()
@@ -586,7 +578,6 @@ def _on_sigterm(signum, frame):
     exit_after(SIGTERM_GRACE_S, "SIGTERM")
     raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
 
-# %% ../nbs/00a_config.ipynb #b6f67dd5
 @contextlib.contextmanager
 def sigterm_raises():
     "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."

@@ -277,7 +277,6 @@ def _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend):
     dev = model.get_input_embeddings().weight.device
     return B, layer_ids, _as_proposer(drafter, B, backend, 1), dev, torch.as_tensor(prompt_ids).long().to(dev)
 
-# %% ../nbs/09a_decoding.ipynb #66bbb50d
 def _as_features(target, layer_ids):
     from dflash_nb.target import TargetFeatures
     if isinstance(target, TargetFeatures): return target
@@ -354,7 +353,6 @@ def capture_layers(model, layer_ids):
     finally:
         for h in handles: h.remove()
 
-# %% ../nbs/09a_decoding.ipynb #e80bbce0
 def _features_from(store, layer_ids) -> torch.Tensor:
     "(T, n_t·H) from the captured (1, T, H) layer outputs, in `layer_ids` order (the drafter's fc input order)."
     return torch.cat([store[i][0] for i in layer_ids], dim=-1)
@@ -392,7 +390,6 @@ def snapshot_linear_state(cache) -> list:
     copy = lambda states: {i: t.clone() for i, t in states.items() if t is not None}
     return [(layer, copy(layer.conv_states), copy(layer.recurrent_states)) for layer in _linear_layers(cache)]
 
-# %% ../nbs/09a_decoding.ipynb #ac138003
 def restore_cache(
     cache,         # the DynamicCache of a hybrid target
     snapshot,      # `snapshot_linear_state(cache)` taken when the cache held `length` tokens

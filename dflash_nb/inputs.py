@@ -36,14 +36,12 @@ def _has_glob(s: str) -> bool: return any(c in _GLOB for c in s)
 # %% ../nbs/01b_inputs.ipynb #ea3570cd
 def _is_data_name(n: str) -> bool: return n.endswith((".jsonl", ".json"))
 
-# %% ../nbs/01b_inputs.ipynb #4b5d3e41
 def _glob_base(pattern: str) -> str:
     "The leading part of `pattern` before the first path component with a glob character."
     parts = pattern.split("/")
     i = next(i for i, p in enumerate(parts) if _has_glob(p))
     return "/".join(parts[:i]) or ("/" if pattern.startswith("/") else "")
 
-# %% ../nbs/01b_inputs.ipynb #43231983
 def _glob_regex(pattern: str) -> "re.Pattern":
     "Regex with local glob semantics for S3 keys: `*` and `?` stay within one path component, `**/` spans any number."
     out, i = [], 0
@@ -122,7 +120,6 @@ def _s3_keys(client, bucket: str, prefix: str, page_size: int):
         for o in page.get("Contents", []):
             if not o["Key"].endswith("/"): yield o["Key"], o["Size"]
 
-# %% ../nbs/01b_inputs.ipynb #d9188338
 def _list_s3(spec: str, cfg: DataConfig) -> list[InputFile]:
     try: bucket = split_s3(spec)[0]
     except ValueError as err: raise InputError(f"input {err}") from None
@@ -253,7 +250,6 @@ def dataset_id(cfg: DataConfig, fingerprints: dict) -> str:
     return sha256_hex(json.dumps({"format": SHARD_FORMAT, "cfg": content, "fp": fingerprints}, sort_keys=True,
                                  default=str))[:16]
 
-# %% ../nbs/01b_inputs.ipynb #70b1a91d
 def plan_shards(files: list[InputFile], cfg: DataConfig, fingerprints: dict) -> list[ShardTask]:
     "Deterministic shard plan: every file cut into `shard_bytes` ranges, numbered in input order."
     content = {k: getattr(cfg, k) for k in CONTENT_FIELDS}
@@ -301,7 +297,6 @@ def input_fingerprints(files: list[InputFile], cfg: DataConfig | None = None) ->
     cfg = cfg or DataConfig()
     return [{"name": f.name, "size": f.size, "hash": _file_hash(f, cfg)} for f in files]
 
-# %% ../nbs/01b_inputs.ipynb #c68dd230
 def input_id(inputs: list[dict]) -> str:
     "Identity (16 hex digits) of the inputs in `input_fingerprints`: another file, name or content, another id."
     return sha256_hex(json.dumps(inputs, sort_keys=True))[:16]
@@ -353,7 +348,6 @@ def _code(r) -> str:
                                f"    {a}.append({b}[{r.randint(0, 9)}])", f"    # {_sentence(r).lower()}"]))
     return "```python\n" + "\n".join(lines + [f"    return {r.choice(_IDS)}"]) + "\n```"
 
-# %% ../nbs/01b_inputs.ipynb #6da80ed0
 def _math(r) -> str:
     a, b, c = (r.randint(1, 99) for _ in range(3))
     v = r.choice("xyzn")
@@ -363,7 +357,6 @@ def _math(r) -> str:
                      "\\]",
                      f"Then {a} * {b} = {a * b} and {a * b} mod {c} = {a * b % c}."])
 
-# %% ../nbs/01b_inputs.ipynb #a2ee51f9
 def _mixed(r, n_chars: int) -> str:
     parts, size = [], 0
     while True:

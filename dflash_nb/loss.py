@@ -70,7 +70,6 @@ def _check_shapes(hidden, weight, labels, valid, target_logits, target_hidden=No
             )
     return N, B
 
-# %% ../nbs/06_loss.ipynb #e792ffd9
 def _combine(ce, kl, pred, labels, valid, gamma, weighting, dpace_alpha, distill_weight) -> BlockLossOutput:
     "Shared tail of the naive and chunked losses: per-slot terms (N, B) → weighted mean + accuracy counters."
     N, B = labels.shape

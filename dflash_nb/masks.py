@@ -160,7 +160,6 @@ def row_context_ranges(
         lo = torch.maximum(lo, hi + q % B + 1 - window)
     return torch.minimum(lo, hi), hi
 
-# %% ../nbs/03_masks.ipynb #57512796
 def ranges_to_dense(
     ctx_start: torch.Tensor,
     ctx_end: torch.Tensor,  # (N,) context ranges
@@ -219,7 +218,6 @@ def _overlap(lo, hi, t0, t1):
     "Length of [lo, hi) ∩ [t0, t1), broadcast."
     return (torch.minimum(hi, t1) - torch.maximum(lo, t0)).clamp(min=0)
 
-# %% ../nbs/03_masks.ipynb #d39daf33
 def _ordered(dense: torch.Tensor):
     "(num, indices) in torch's own order: selected tiles ascending, then the rest ascending (stable argsort)."
     dense = dense.to(torch.int32)
@@ -228,7 +226,6 @@ def _ordered(dense: torch.Tensor):
         torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32).contiguous(),
     )
 
-# %% ../nbs/03_masks.ipynb #dd7eb4a4
 def _block_mask(kv_num, kv_idx, full_num, full_idx, q_num, q_idx, fq_num, fq_idx, TQ, TK, mask_mod, seq_lengths):
     "Assemble a BlockMask whose q-side tiles are already known (skips torch's slow dense round trip)."
     try:

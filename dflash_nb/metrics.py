@@ -63,9 +63,9 @@ class Metrics:
         self.reset()
 
     def reset(self):
-        z = lambda *s: torch.zeros(*s, device=self.device, dtype=torch.float64)
-        self.loss, self.gnorm, self.skipped = z(()), z(()), z(())
-        self.correct, self.count = z(self.block_size), z(self.block_size)
+        zeros = lambda *shape: torch.zeros(*shape, device=self.device, dtype=torch.float64)
+        self.loss, self.gnorm, self.skipped = zeros(()), zeros(()), zeros(())
+        self.correct, self.count = zeros(self.block_size), zeros(self.block_size)
         self.steps = self.tokens = self.loss_tokens = 0
         self.wait = 0.0
         self.depths = []
@@ -165,7 +165,6 @@ def _num(v, spec: str) -> str:
     "A measured number formatted with `spec`; '—' when it was not measured (None or NaN)."
     return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
-# %% ../nbs/08e_metrics.ipynb #a121d9a0
 def _bar_fields(rec: dict) -> dict:
     "The last interval's measurements shown next to the step bar."
     return {"loss": _num(rec.get("loss"), ".3f"), "acc@1": _num((rec.get("acc") or [None])[0], ".2f"),

@@ -265,17 +265,14 @@ class MLP(nn.Module):
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-# %% ../nbs/05_model.ipynb #0eaac6eb
 def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
-# %% ../nbs/05_model.ipynb #5e8fda63
 def apply_rope(x, cos, sin):
     "Rotate `x (T, heads, D)` by `cos, sin (T, D)`."
     return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
 
-# %% ../nbs/05_model.ipynb #00d409aa
 def _rotary_embedding(cfg: DrafterConfig) -> nn.Module:
     from transformers import Qwen3Config
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
@@ -432,7 +429,6 @@ def trainable_state_dict(self: DFlashDrafter) -> dict[str, torch.Tensor]:
     "The drafter's own weights (export names; no embed_tokens/lm_head)."
     return {k: v for k, v in self.state_dict().items()}
 
-# %% ../nbs/05_model.ipynb #b584a3ae
 @patch
 def load_trainable_state_dict(self: DFlashDrafter, sd: dict[str, torch.Tensor]):
     "Load weights saved by `trainable_state_dict` (strict: names and shapes must match)."

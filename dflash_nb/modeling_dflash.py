@@ -28,7 +28,6 @@ def _rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
 
-# %% ../nbs/09c_modeling_dflash.ipynb #f2f24d01
 def _rope(x, cos, sin):
     "x (b, heads, T, D) rotated by cos/sin (b, T, D)."
     return x * cos[:, None] + _rotate_half(x) * sin[:, None]

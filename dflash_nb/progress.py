@@ -29,7 +29,6 @@ def fmt_rate(rate: Optional[float], unit: str) -> str:
     if rate > 0: return f"{1 / rate:.1f} s/{_singular(unit)}"
     return "—"
 
-# %% ../nbs/00c_progress.ipynb #f0b1b912
 def _singular(unit: str) -> str:
     "batches -> batch, steps -> step, tokens/s stays readable: the unit of one item."
     if unit.endswith(("ches", "shes", "xes", "sses")): return unit[:-2]
@@ -97,7 +96,6 @@ def eta(self: Progress) -> Optional[float]:
     r = self.rate()
     return (self.total - self.n) / r if r and self.total is not None else None
 
-# %% ../nbs/00c_progress.ipynb #f39f9b7f
 @patch
 def elapsed(self: Progress) -> float: return time.perf_counter() - self.t0
 
@@ -115,7 +113,6 @@ def update(self: Progress, n: int = 1, **fields):
             self.bar.update(n)
         elif self.mode == "lines" and time.perf_counter() - self.t_line >= self.every_s: self._line()
 
-# %% ../nbs/00c_progress.ipynb #c0a304fd
 @patch
 def set(self: Progress, **fields):
     "Show `fields` (name=str) after the rate from now on."
@@ -191,11 +188,9 @@ def close(self: Progress, what: str = "done"):
             self.bar.close()
         elif self.mode == "lines": self._line(what)
 
-# %% ../nbs/00c_progress.ipynb #c87f2236
 @patch
 def __enter__(self: Progress): return self
 
-# %% ../nbs/00c_progress.ipynb #373a1009
 @patch
 def __exit__(self: Progress, typ, *_):   # a generator left early (GeneratorExit) is done, not stopped
     self.close("done" if typ in (None, GeneratorExit) else "stopped")

@@ -38,7 +38,6 @@ def _user_turns(rec: dict, key: str) -> tuple[list, list]:
     turns = [_user({f"{key}[{i}]": t}, f"{key}[{i}]") for i, t in enumerate(v)]
     return [{"role": "user", "content": turns[0]}], turns[1:]
 
-# %% ../nbs/01e_prompts.ipynb #3f257b1c
 def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
     "(messages, later user turns) of this project's own shapes: `prompt` (a string or a list of turns) or `messages`."
     from dflash_nb.records import normalize_messages, RecordError
@@ -58,7 +57,6 @@ def _mbpp_text(rec: dict) -> str:
     if not isinstance(tests, list) or not all(isinstance(t, str) for t in tests): return text
     return text + "\nYour code should pass these tests:\n\n" + "\n".join(tests)
 
-# %% ../nbs/01e_prompts.ipynb #a4bde7f1
 def _alpaca_text(rec: dict) -> str:
     "Alpaca's instruction, then its input when there is one."
     from dflash_nb.records import RecordError
@@ -67,7 +65,6 @@ def _alpaca_text(rec: dict) -> str:
         raise RecordError("wrong_type", f"'input' must be a string, got {type(extra).__name__}")
     return _user(rec, "instruction") + ("\n\n" + extra if extra.strip() else "")
 
-# %% ../nbs/01e_prompts.ipynb #c635007a
 def _single(text: str) -> tuple[list, list]: return [{"role": "user", "content": text}], []
 
 # %% ../nbs/01e_prompts.ipynb #2819f7af
@@ -161,7 +158,6 @@ def _is_bytes(t) -> bool:
     import pyarrow as pa
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
-# %% ../nbs/01e_prompts.ipynb #8412b68f
 def _parquet_file(p: Path):
     "The Parquet file at `p` with its text columns read as dictionaries (as stored; nothing expanded)."
     import pyarrow.parquet as pq
@@ -172,7 +168,6 @@ def _parquet_file(p: Path):
     except Exception as e:   # pyarrow raises several types for a damaged file: all are "not readable" here
         raise PromptFileError(f"{p}: not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
 
-# %% ../nbs/01e_prompts.ipynb #2fd18efa
 def _check_group(p: Path, pf, g: int, room: int):
     "Refuse row group `g` when its footer says it holds more leaf values, or more bytes to decompress, than allowed."
     md = pf.metadata.row_group(g)

@@ -171,7 +171,6 @@ def _text(value, what: str) -> str:
         return "".join(p["text"] for p in value)     # OpenAI content parts [{"type": "text", "text": ...}]
     raise RecordError("wrong_type", f"{what} must be a string, got {type(value).__name__}")
 
-# %% ../nbs/01a_records.ipynb #32e0fd79
 def _rename(d: dict, field_map: dict) -> dict:
     return {field_map.get(k, k): v for k, v in d.items()} if field_map else d
 

@@ -38,7 +38,6 @@ def _read_json(path: Path, problems: list, why: str):
     problems.append(f"{path.name} does not hold a JSON object")
     return None
 
-# %% ../nbs/12_report.ipynb #469a7278
 def _read_metrics(path: Path, problems: list) -> list[dict]:
     "Step records of metrics.jsonl, read line by line; bad lines are counted in one problem line, not fatal."
     if not path.is_file():
@@ -96,7 +95,6 @@ def _number(v) -> float | None:
     except OverflowError: return None
     return f if math.isfinite(f) else None
 
-# %% ../nbs/12_report.ipynb #bae576c8
 _NUMBERS = ("loss", "tau_est", "wall_s", "tokens_per_s", "target_busy", "drafter_busy", "tau")
 
 def _typed(rec: dict, where: str, problems: list) -> dict:
@@ -113,7 +111,6 @@ def _typed(rec: dict, where: str, problems: list) -> dict:
         out["acc"] = None
     return out
 
-# %% ../nbs/12_report.ipynb #27b3592b
 def _section(d: dict | None, key: str, where: str, problems: list) -> dict | None:
     "The mapping `d[key]`, typed; None with a problem line when it is something else."
     v = (d or {}).get(key)
@@ -133,7 +130,6 @@ def _tau(report: dict | None, key: str) -> float | None:
     v = (report or {}).get(key)
     return v.get("tau") if isinstance(v, dict) else None
 
-# %% ../nbs/12_report.ipynb #b6e4e05e
 def run_row(rec: RunRecord) -> dict:
     "The numbers the table and the picture show for one run (None where the run does not have them)."
     last = rec.steps[-1] if rec.steps else (rec.summary or {}).get("final") or {}
@@ -269,7 +265,6 @@ def main(argv=None) -> dict:
         Path(a.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
     return {"rows": rows, "picture": str(out), "problems": {str(r.path): r.problems for r in records}}
 
-# %% ../nbs/12_report.ipynb #0cef0f7e
 def cli():
     "Console script `dflash-report` (same as `python -m dflash_nb.report`): expected failures are one line and exit 2."
     sys.exit(run_cli(main, prog="dflash_nb.report"))

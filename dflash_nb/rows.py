@@ -199,11 +199,9 @@ def get(self: FeatureProducer) -> Batch:
         for v in [item.features, *item.tensors().values()]: v.record_stream(cur)
     return item
 
-# %% ../nbs/08f_rows.ipynb #ffc3ce70
 @patch
 def depth(self: FeatureProducer) -> int: return self.q.qsize() if self.threaded else 0
 
-# %% ../nbs/08f_rows.ipynb #b651f4f6
 @patch
 def close(self: FeatureProducer):
     self.stop_flag.set()

@@ -86,18 +86,17 @@ def close(self: S3Uploader, timeout: float = 600.0) -> bool:   # seconds to wait
                  "local_copy": "kept", **({"error": self.fatal} if self.fatal else {})})
     return False
 
+@patch
+def not_in_s3(self: S3Uploader) -> set:
+    "Names submitted but not (yet) uploaded: their local copies must not be pruned."
+    with self.lock: return set(self.pending) | set(self.failed)
+
 # %% ../nbs/08b_s3sync.ipynb #5ba642cb
 @patch
 def submit(self: S3Uploader, ckpt_dir: Path):
     "Queue a finished checkpoint dir for upload."
     with self.lock: self.pending.append(Path(ckpt_dir).name)
     self.q.put(Path(ckpt_dir))
-
-# %% ../nbs/08b_s3sync.ipynb #686b71b4
-@patch
-def not_in_s3(self: S3Uploader) -> set:
-    "Names submitted but not (yet) uploaded: their local copies must not be pruned."
-    with self.lock: return set(self.pending) | set(self.failed)
 
 # %% ../nbs/08b_s3sync.ipynb #6715244e
 @patch
@@ -149,7 +148,6 @@ def _own(self: S3Uploader, c):
                               f"{self.run_id}: give this run a checkpoint.s3_uri of its own (or resume that run "
                               f"from {self.uri()} into a fresh train.run_dir)")
 
-# %% ../nbs/08b_s3sync.ipynb #ed390f0f
 @patch
 def claim(self: S3Uploader):
     "Claim the prefix before training (another run's: CheckpointError); an unreachable S3: at the first upload."
@@ -193,6 +191,13 @@ def _prune(self: S3Uploader, c):
             for k in p.get("Contents", []): c.delete_object(Bucket=self.bucket, Key=k["Key"])
         with self.lock: self.remote = [n for n in self.remote if n != old]
 
+@patch
+def _retry_failed(self: S3Uploader):
+    "One more attempt for each earlier failure, oldest first; the first that fails again ends the round."
+    for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
+        d = self.dirs_root / name
+        if self.fatal or not d.is_dir() or not self._attempt(d, tries=1): return   # the server is still away
+
 # %% ../nbs/08b_s3sync.ipynb #3f1fe676
 @patch
 def _attempt(self: S3Uploader, d: Path, tries: Optional[int] = None) -> bool:
@@ -220,14 +225,6 @@ def _attempt(self: S3Uploader, d: Path, tries: Optional[int] = None) -> bool:
             time.sleep(delay)
             delay *= 2
     return False
-
-# %% ../nbs/08b_s3sync.ipynb #289a5069
-@patch
-def _retry_failed(self: S3Uploader):
-    "One more attempt for each earlier failure, oldest first; the first that fails again ends the round."
-    for name in sorted(self.not_in_s3() - set(self.pending), key=step_of):
-        d = self.dirs_root / name
-        if self.fatal or not d.is_dir() or not self._attempt(d, tries=1): return   # the server is still away
 
 # %% ../nbs/08b_s3sync.ipynb #930488b0
 def _earlier_download(d: Path) -> bool:

@@ -51,7 +51,6 @@ def _record_batch(rows: list) -> pa.RecordBatch:
                                        pa.array(lens), pa.array(n_loss), pa.array([r[3] for r in rows], pa.string())],
                                       schema=SCHEMA)
 
-# %% ../nbs/01c_shards.ipynb #0db322d4
 def _new_stats(task: ShardTask) -> dict:
     return {"key": task.key, "dataset": task.dataset, "index": task.index, "name": task.file.name, "chunk": task.chunk,
             "range": [task.start, task.end], "lines": 0, "records": 0, "samples": 0, "kept": 0, "tokens": 0,
@@ -219,10 +218,10 @@ def audit(stats: list[dict], loss_lengths: np.ndarray, cfg: DataConfig, duplicat
 # %% ../nbs/01c_shards.ipynb #3d15b45c
 def format_audit(a: dict, title: str = "data audit") -> str:
     "The audit as a plain-text table, with the reasons records were dropped and examples of each."
-    n = lambda x: f"{x:,}"
+    thousands = lambda x: f"{x:,}"
     pct = lambda d: f"{d['count']:>12,}  ({d['share']:.1%} of samples)"
-    p = a["loss_tokens_percentiles"]
-    d = a["dropped"]
+    percentiles = a["loss_tokens_percentiles"]
+    dropped = a["dropped"]
     rows = [
         ("records read", f"{a['records']:>12,}"),
         ("samples", f"{a['samples']:>12,}"),
@@ -231,24 +230,25 @@ def format_audit(a: dict, title: str = "data audit") -> str:
         ("loss tokens", f"{a['loss_tokens']:>12,}  ({a['loss_tokens'] / max(1, a['tokens']):.1%} of tokens)"),
         (
             "loss tokens/sample",
-            "  ".join(f"{k} {n(v)}" for k, v in p.items() if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100"))
+            "  ".join(f"{k} {thousands(v)}" for k, v in percentiles.items()
+                      if k in ("p0", "p5", "p25", "p50", "p75", "p95", "p100"))
             or "-",
         ),
         ("empty reasoning", pct(a["empty_reasoning"])),
         ("reasoning stripped", pct(a["reasoning_stripped"]) + f"  limit {a['reasoning_stripped']['max_fraction']:.0%}"),
-        (f"truncated (>{n(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
+        (f"truncated (>{thousands(a['truncated']['max_seq_len'])})", pct(a["truncated"])),
         (
             f"degenerate (<{a['degenerate']['min_loss_tokens']} loss)",
             pct(a["degenerate"]) + f"  limit {a['degenerate']['max_fraction']:.0%}",
         ),
         (
             "dropped records",
-            f"{d['count']:>12,}  ({d['share']:.1%} of records)  limit {d['max_fraction']:.0%}  "
-            + ", ".join(f"{k} {v}" for k, v in d["by_reason"].items()),
+            f"{dropped['count']:>12,}  ({dropped['share']:.1%} of records)  limit {dropped['max_fraction']:.0%}  "
+            + ", ".join(f"{k} {v}" for k, v in dropped["by_reason"].items()),
         ),
     ]
-    w = max(len(k) for k, _ in rows)
-    lines = [title] + [f"  {k:<{w}}  {v}" for k, v in rows]
+    width = max(len(k) for k, _ in rows)
+    lines = [title] + [f"  {k:<{width}}  {v}" for k, v in rows]
     lines += [f"      {e}" for ex in a["malformed"]["examples"].values() for e in ex]
     lines += [f"      {e}" for e in a["duplicates"]["examples"]]
     return "\n".join(lines)
@@ -261,7 +261,6 @@ class DataAuditError(ExpectedError, RuntimeError):
 class CorruptFileError(ExpectedError, ValueError):
     "A shard or manifest that cannot be read (the message names it)."
 
-# %% ../nbs/01c_shards.ipynb #d577db0d
 class OutDirError(ExpectedError):
     "An output directory this run must not write to: it holds another data set, or files this program did not write."
 
@@ -308,7 +307,6 @@ def _init_forked(parent: Optional[int] = None):
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
 
-# %% ../nbs/01c_shards.ipynb #9f43a445
 def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook): the parent's exact backend tokenizer, from its JSON."
     _die_with_parent(parent)
@@ -349,7 +347,6 @@ def _dropped_message(a: dict) -> str:
             "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
             "to keep the good samples.")
 
-# %% ../nbs/01c_shards.ipynb #b24d67ac
 def _stripped_message(a: dict) -> str:
     r = a["reasoning_stripped"]
     return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
@@ -604,7 +601,6 @@ def _need(ok: bool, where, field: str, want: str, v):
     if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
                                       "python -m dflash_nb.data to rebuild the data set")
 
-# %% ../nbs/01c_shards.ipynb #0e9501b5
 def check_manifest(m, where) -> dict:   # where: the manifest's path, for the messages
     "`m` if every field training reads is there and of its type (`_check_entries`: shards, duplicates)."
     _need(isinstance(m, dict), where, "the manifest", "a JSON object", type(m).__name__)

@@ -49,7 +49,6 @@ def own_temps(directory, marker: str) -> list[tuple[Path, str, str]]:
     found = [(p, m[1], m[2]) for p in sorted(d.iterdir()) if (m := pattern.fullmatch(p.name))]
     return [(p, name, tag) for p, name, tag in found if not p.is_symlink()]
 
-# %% ../nbs/00b_storage.ipynb #bcb57e89
 def _fresh(tmp: Path, marked: bool) -> Path:
     "`tmp`, or when it is unmarked and taken a free name beside it: nothing not proven ours is overwritten."
     while not marked and os.path.lexists(tmp): tmp = tmp.with_name(f"{tmp.name}.{os.urandom(3).hex()}")
@@ -79,7 +78,6 @@ def atomic_write_text(path, text: str, marker: Optional[str] = None):
     "Replace file `path` with `text` (UTF-8) atomically and durably."
     with atomic_writer(path, "w", marker) as f: f.write(text)
 
-# %% ../nbs/00b_storage.ipynb #0e5c5cb7
 def atomic_write_bytes(path, data: bytes, marker: Optional[str] = None):
     "Replace file `path` with `data` atomically and durably."
     with atomic_writer(path, "wb", marker) as f: f.write(data)
@@ -123,7 +121,6 @@ def _what(mode: int) -> str:
              (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
     return next((name for test, name in kinds if test(mode)), "a special file")
 
-# %% ../nbs/00b_storage.ipynb #fbec6b91
 def checked_path(path, kind: str = "file", within=None) -> Path:   # within: the dir it must stay in (False: anywhere)
     "`path` if, links resolved, it is a regular file (kind 'dir': a directory) inside `within` (default: its own dir)."
     p = Path(path)
@@ -142,7 +139,6 @@ def inside_dir(base, name, where: str, kind: str = "file") -> Path:   # where: t
     "`base/name` for a `name` read from a file: a plain name, resolving inside `base` to a `kind` (file or dir)."
     return checked_path(Path(base) / plain_name(name, where), kind, within=base)
 
-# %% ../nbs/00b_storage.ipynb #ab7cffc9
 def read_json(path, within=None):   # within: as in `checked_path`
     "The JSON document at `path`: a checked regular file, parsed within the document limits (chapter Config)."
     return read_document(checked_path(path, within=within), "json")

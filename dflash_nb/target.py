@@ -192,7 +192,6 @@ def load_target(
 class _StopForward(Exception):
     "Raised by the hook on the last needed layer to end the target forward early."
 
-# %% ../nbs/07a_target.ipynb #e127363f
 def _layer_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
@@ -207,7 +206,6 @@ def document_spans(doc_ids: torch.Tensor) -> list[tuple[int, int]]:
     ends = starts[1:] + [d.numel()]
     return [(s, e) for s, e in zip(starts, ends) if d[s] >= 0]
 
-# %% ../nbs/07a_target.ipynb #87add5c1
 def bucket_spans(spans: list[tuple[int, int]], max_batch_tokens: int) -> list[list[tuple[int, int]]]:
     "Group document spans, longest first, into micro-batches of `n_docs · max_len <= max_batch_tokens` (longer: alone)."
     order = sorted(spans, key=lambda se: (-(se[1] - se[0]), se[0]))
@@ -234,17 +232,14 @@ def _device_type(model: nn.Module) -> str:
     "The device type the target's embedding sits on ('cuda', 'cpu', ...)."
     return model.get_input_embeddings().weight.device.type
 
-# %% ../nbs/07a_target.ipynb #08d735f3
 def _uses_hub_kernels(model: nn.Module) -> bool:
     return bool(getattr(model, "_use_kernels", False) or getattr(model, "use_kernels", False) is True)
 
-# %% ../nbs/07a_target.ipynb #bd855c87
 def _linear_attention_mixer(model: nn.Module) -> nn.Module | None:
     "The target's first linear-attention module (a Gated DeltaNet), or None."
     return next((m for layer in find_decoder_layers(model) if (m := getattr(layer, "linear_attn", None)) is not None),
                 None)
 
-# %% ../nbs/07a_target.ipynb #5ca896e7
 def _linear_attention_module(model: nn.Module):
     "The modeling module of the target's first linear-attention layer (where transformers bound its kernels), or None."
     mixer = _linear_attention_mixer(model)
@@ -333,7 +328,6 @@ def _isolating_kernels(model: nn.Module) -> dict:
     else: pick_rule = ("torch reference", functools.partial(per_document_gated_delta_rule, inspect.unwrap(rule)))
     return {_CONV: pick_conv, _RULE: pick_rule}
 
-# %% ../nbs/07a_target.ipynb #74f83c16
 def _global_names(fn, module) -> set[str]:
     "The globals `fn` reads, and those read by the module's own functions it calls (one level down)."
     # one level: transformers >= 5.25 reaches the conv through a helper, `causal_conv1d_forward`

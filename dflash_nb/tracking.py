@@ -68,7 +68,6 @@ def _require(name: str):
             f"train.report_to includes {name!r} but the {name} package is not installed (pip install {name}): {e}"
         ) from None
 
-# %% ../nbs/08g_tracking.ipynb #dcd0d90d
 def require_trackers(report_to) -> list[str]:
     "Check the names and that every package imports (on every rank, so that all ranks stop together); the names."
     names = check_report_to(report_to)
@@ -91,12 +90,12 @@ class Trackers:
             Path(run_dir),
         )  # missing packages fail before anything is created
         mods = {n: _require(n) for n in self.names}
-        self.tb = self.wb = None
+        self.tensorboard = self.wandb_run = None
         if "tensorboard" in mods:
-            self.tb = mods["tensorboard"](log_dir=str(self.run_dir / "tensorboard"))
+            self.tensorboard = mods["tensorboard"](log_dir=str(self.run_dir / "tensorboard"))
         if "wandb" in mods:
             (self.run_dir / "wandb").mkdir(parents=True, exist_ok=True)
-            self.wb = mods["wandb"].init(
+            self.wandb_run = mods["wandb"].init(
                 project=project or os.environ.get("WANDB_PROJECT") or "dflash_nb",
                 dir=str(self.run_dir),
                 name=self.run_dir.name,
@@ -109,17 +108,17 @@ class Trackers:
         if "event" in rec or "step" not in rec:
             return
         step, scalars = int(rec["step"]), flatten_scalars(rec)
-        if self.tb is not None:
+        if self.tensorboard is not None:
             for k, v in scalars.items():
-                self.tb.add_scalar(k, v, step)
-            self.tb.flush()
-        if self.wb is not None:
-            self.wb.log(scalars, step=step)
+                self.tensorboard.add_scalar(k, v, step)
+            self.tensorboard.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(scalars, step=step)
 
     def close(self):
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
-        if self.wb is not None:
-            self.wb.finish()
-            self.wb = None
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

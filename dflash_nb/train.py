@@ -44,7 +44,6 @@ class EvalConfig:
     num_samples: int = opt(16, "held-out samples for τ before and after training (0 = skip)", min=0)
     data_dir: Optional[str] = opt(None, "tokenized held-out data; None = the regenerated held-out prompts")
 
-# %% ../nbs/11_train.ipynb #905731a3
 @dataclass
 class RunConfig:
     train: TrainConfig = opt(TrainConfig(), "the trainer (dflash_nb.train_config.TrainConfig)")
@@ -66,7 +65,6 @@ def demo_data_dir() -> Path:
     import importlib.util
     return Path(importlib.util.find_spec("dflash_nb").submodule_search_locations[0]) / "demo_data"
 
-# %% ../nbs/11_train.ipynb #6c7a0914
 def demo_config_path() -> Path: return demo_data_dir() / "demo.yaml"
 
 # %% ../nbs/11_train.ipynb #930bcc57
@@ -205,7 +203,6 @@ def generation_key(cfg: RunConfig, prompts_path) -> str:
              "data": to_dict(cfg.data), "target": to_dict(cfg.train.target)}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-# %% ../nbs/11_train.ipynb #bf71a5bd
 def save_generated(key: str, gen_dir, files: list, stats: dict):
     "Record what the completions in `gen_dir` were made from (`generation.json`), so that a rerun can reuse them."
     from dflash_nb.storage import atomic_write_text
@@ -367,7 +364,6 @@ def main(argv=None) -> int:
     from dflash_nb.regen import serving_errors
     return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()))
 
-# %% ../nbs/11_train.ipynb #1f0c376f
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception):  # progress reaches log files as it happens
         sys.stdout.reconfigure(line_buffering=True)
@@ -395,11 +391,8 @@ def _main(argv: list) -> int:
             dist.destroy_process_group()
     return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
 
-# %% ../nbs/11_train.ipynb #b079dbcc
 def cli():
     "Console script `dflash-train` (`python -m dflash_nb.train`); `main` returns `run_cli`'s exit code."
     sys.exit(main())
 
-# %% ../nbs/11_train.ipynb #b79eba8d
-#| eval: false
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

@@ -33,7 +33,6 @@ def _drafter_schema():
     from dflash_nb.model import DrafterConfig
     return DrafterConfig
 
-# %% ../nbs/08c_train_config.ipynb #c74fac7a
 def _fits_block(max_tokens: int, cfg) -> str | None:
     b = cfg.drafter.get("block_size") or _drafter_schema().block_size
     return None if max_tokens >= b + 1 else f"must be >= block_size + 1 = {b + 1} (an anchor and its block)"
@@ -92,8 +91,8 @@ class TrainConfig:
     gamma: Optional[float] = opt(None, "loss decay over block slots; None = default_gamma(block_size)", gt=0)
     loss_chunk_blocks: int = opt(64, "blocks per chunk of the vocabulary projection in the loss (bounds peak "
                                      "memory)", min=1)
-    backend: Literal["auto", "flex", "triton", "sdpa"] = opt("auto", "attention backend: auto = probe flex, then "
-                                                                     "triton, then sdpa (sdpa on CPU)")
+    backend: Literal["auto", "flex", "triton", "sdpa"] = opt("auto", "attention backend: auto = the fastest of "
+                                                                     "flex, triton, sdpa that runs correctly here")
     devices: list[list[str]] = opt([], "per-local-rank [target_device, drafter_device] pairs, e.g. [[cuda:0, cuda:2], "
                                        "[cuda:1, cuda:3]]; [] = the rank's own GPU for both, or cpu")
     pipeline: bool = opt(True, "overlap the target forward (producer thread) with drafter training; False = plain "

@@ -74,6 +74,7 @@ class NonFiniteError(RuntimeError):
 
 # %% ../nbs/08h_trainer.ipynb #2fcbb0c7
 _NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in order
+_FEATURES, _LOSS, _GRADIENTS, _WEIGHTS = range(len(_NONFINITE_PARTS))   # their places in Metrics.nonfinite_parts
 
 def _weights_finite(params) -> torch.Tensor:
     "Device bool: every parameter finite (one fused pass, like the gradient clip's)."
@@ -96,8 +97,8 @@ def _fused_ok(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
 # %% ../nbs/08h_trainer.ipynb #802ffee5
-def _skip_if(optimizer, bad: torch.Tensor, fused: bool) -> bool:
-    "Make the coming optimizer.step() a no-op where `bad`: on the device (fused AdamW `found_inf`), else by a sync."
+def _guard_nonfinite_step(optimizer, bad: torch.Tensor, fused: bool) -> bool:
+    "Whether to call optimizer.step(); where `bad` it is a no-op: on the device (fused AdamW `found_inf`) or by a sync."
     if fused:
         optimizer.found_inf = bad.float()
         optimizer.grad_scale = None
@@ -401,13 +402,13 @@ def check_final_uploaded(self: Checkpointer):
 def make_producer(run: Run, start: int) -> FeatureProducer:
     "The producer of this rank's batches from optimizer step `start` on: threaded (`pipeline`) or inline."
     cfg = run.cfg
-    def mk(step, micro):
+    def batch_at(step, micro):
         row = rank_row(step, micro, cfg.global_batch, run.rank, run.world)
         return make_batch(run.samples, run.stream, row, step, micro, max_tokens=cfg.max_tokens,
                           block_size=run.block_size, max_anchors=cfg.max_anchors,
                           mask_token_id=run.drafter_cfg.mask_token_id, seed=cfg.seed)
     feats = distill_features(run.features) if cfg.loss.distill_weight > 0 else run.features
-    return FeatureProducer(mk, feats, start, cfg.steps, run.accum, run.target_device, run.drafter_device,
+    return FeatureProducer(batch_at, feats, start, cfg.steps, run.accum, run.target_device, run.drafter_device,
                            cfg.queue_depth, threaded=cfg.pipeline)
 
 # %% ../nbs/08h_trainer.ipynb #51210667
@@ -431,18 +432,18 @@ def train_step(run: Run, producer: FeatureProducer, metrics: Metrics, drafter_cl
             loss = out.loss * float("nan") if nan_loss else out.loss
             (loss / accum).backward()
         drafter_clock.stop(t)
-        seen = metrics.nonfinite_parts   # what went non-finite, for the message when the run stops
-        seen[0] += ~torch.isfinite(b.features).all()
-        seen[1] += ~torch.isfinite(loss.detach())
+        nonfinite = metrics.nonfinite_parts   # counts per part of _NONFINITE_PARTS, for the message when the run stops
+        nonfinite[_FEATURES] += ~torch.isfinite(b.features).all()
+        nonfinite[_LOSS] += ~torch.isfinite(loss.detach())
         metrics.add_micro(loss, out.slot_correct, out.slot_count, b.n_tokens, b.n_loss_tokens, accum)
     gnorm = torch.nn.utils.clip_grad_norm_(run.params, cfg.optim.clip, foreach=True)
     bad = ~torch.isfinite(gnorm)
-    if _skip_if(run.optimizer, bad, run.fused): run.optimizer.step()
+    if _guard_nonfinite_step(run.optimizer, bad, run.fused): run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
     weights_bad = ~_weights_finite(run.params)    # a finite step can still overflow the weights (a huge lr or decay)
-    seen[2] += bad
-    seen[3] += weights_bad
+    nonfinite[_GRADIENTS] += bad
+    nonfinite[_WEIGHTS] += weights_bad
     metrics.add_step(gnorm, bad | weights_bad)
 
 # %% ../nbs/08h_trainer.ipynb #2f84ba67
@@ -621,7 +622,6 @@ def _some_step_finite(run: Run, metrics, ran: int, before: int):
         raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped (fewer than max_nonfinite="
                              f"{run.cfg.max_nonfinite} in a row, yet none trained); {_nonfinite_story(run, metrics)}")
 
-# %% ../nbs/08h_trainer.ipynb #1e74f1d6
 def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
     "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
     cfg = run.cfg

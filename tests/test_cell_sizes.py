@@ -1,6 +1,6 @@
 """Exported cells stay the size a reader takes in at once: the median exported cell of all notebooks is at most 15 lines,
 and a cell over 60 lines is named below with the reason it stays whole (split the others: one definition per cell,
-a class method by method with fastcore's `patch`). `make lint` prints the same report
+a class method by method with the package's own `patch`, dflash_nb.config). `make lint` prints the same report
 (`python tests/test_cell_sizes.py`); a cell's lines are its source without the `#|` directives."""
 import ast, json, re, statistics, sys
 from pathlib import Path

@@ -133,3 +133,50 @@ def test_the_cycle_check_sees_a_cycle():
     test_graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(test_graph) == [["a", "b", "c", "a"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+# chapters whose first cell was being rewritten on other branches when the needs/used-by line came in: add it there
+INTRO_PENDING = {"01f_vllm_worker", "01g_serving", "01h_regen", "09b_evaluate", "10_export"}
+INTRO = re.compile(r"\*\*Needs:\*\*(.*?)\.\s+\*\*Used by:\*\*(.*?)\.(?:\s|$)", re.S)
+CHAPTER_NAME = re.compile(r"`(\d\d[a-z]?_\w+)`")
+
+
+def chapter_needs() -> dict[str, set[str]]:
+    "chapter -> the chapters it imports from: anywhere in its module, or in its code cells when it exports none."
+    chapters, graph = chapter_of_module(), import_graph()
+    out = {}
+    for i, nb in enumerate(NOTEBOOKS):
+        mods = [m for m, j in chapters.items() if j == i]
+        if mods: deps = set().union(*(graph[m] for m in mods))
+        else: deps = {m for n in ast.walk(ast.parse(notebook_code(nb))) if isinstance(n, (ast.Import, ast.ImportFrom))
+                      for a in n.names if (m := _dflash_module(n, a)) in chapters}
+        out[nb.stem] = {NOTEBOOKS[chapters[m]].stem for m in deps} - {nb.stem}
+    return out
+
+
+def intro_lists(text: str) -> tuple[set[str], set[str]] | None:
+    "The chapters a first cell's `**Needs:** … **Used by:** …` line names, or None without one."
+    m = INTRO.search(text)
+    return (set(CHAPTER_NAME.findall(m[1])), set(CHAPTER_NAME.findall(m[2]))) if m else None
+
+
+def test_each_chapter_says_what_it_needs_and_what_uses_it():
+    "Each chapter's first cell names the chapters it imports from and the chapters that import it, as the code does."
+    needs, bad = chapter_needs(), []
+    used = {c: {u for u, n in needs.items() if c in n} for c in needs}
+    for nb in NOTEBOOKS:
+        if nb.stem in INTRO_PENDING or not nb.stem[:2].isdigit(): continue   # index.ipynb is the front page
+        first = nbformat.read(nb, as_version=4).cells[0].source
+        said = intro_lists(first)
+        if said is None: bad.append(f"nbs/{nb.name}: the first cell has no '**Needs:** … **Used by:** …' line")
+        elif said != (needs[nb.stem], used[nb.stem]):
+            bad.append(f"nbs/{nb.name}: says needs {sorted(said[0])}, used by {sorted(said[1])}; the code: needs "
+                       f"{sorted(needs[nb.stem])}, used by {sorted(used[nb.stem])}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_intro_line_is_read_as_written():
+    text = "# X\n\n> what\n\n**Needs:** `00a_config`, `03_masks`. **Used by:** `08h_trainer` (`block_loss`, …). More."
+    assert intro_lists(text) == ({"00a_config", "03_masks"}, {"08h_trainer"})
+    assert intro_lists("**Needs:** no other chapter. **Used by:** no other chapter imports it.") == (set(), set())
+    assert intro_lists("# X\n\n> what") is None

@@ -51,3 +51,15 @@ def test_the_index_exports_nothing_and_keeps_imports_apart():
         "imports belong in their own cells (nbdev's tools read them apart from the code)"
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs), \
         "the pipeline picture's output is committed, so the front page reads without running it"
+
+
+def test_where_to_change_what_names_every_chapter():
+    "The index's 'Where to change what' table sorts every chapter into ML core or plumbing, and names only real ones."
+    nb = nbformat.read(REPO / "nbs" / "index.ipynb", as_version=4)
+    cells = [c.source for c in nb.cells if c.cell_type == "markdown" and c.source.startswith("## Where to change what")]
+    assert len(cells) == 1, "nbs/index.ipynb needs one markdown cell starting with '## Where to change what'"
+    rows = [l for l in cells[0].splitlines() if l.startswith("| ") and l.count("|") == 4][1:]   # after the header
+    named = {ch for r in rows for ch in re.findall(r"`(\d\d[a-z]?_\w+)`", r)}
+    assert all(r.split("|")[2].strip() in ("ML core", "plumbing") for r in rows), rows
+    on_disk = {p.stem for p in (REPO / "nbs").glob("*.ipynb") if p.stem != "index"}
+    assert named == on_disk, f"missing: {sorted(on_disk - named)}, not a chapter: {sorted(named - on_disk)}"
