@@ -46,14 +46,14 @@ def context_ids(run_dir: Path, n: int):
     return torch.tensor(ids[:n])
 
 
-def cost_model(run_dir: Path, target: Path, dtype: str, context: int, repeats: int) -> dict:
+def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, context: int, repeats: int) -> dict:
     "Target step time per appended tokens and drafter proposal time per block, in `dtype`, relative to a 1-token step."
     import torch
     from dflash_nb.decoding import forward_costs
     from dflash_nb.evaluate import load_drafter_dir
     from dflash_nb.target import load_target
     model = load_target(str(target), dtype=dtype, device=torch.device("cpu"))
-    drafter = load_drafter_dir(run_dir / "drafter", model)
+    drafter = load_drafter_dir(drafter_dir, model)
     ctx, rows = context_ids(run_dir, context), []
     for n in STEP_TOKENS:
         c = forward_costs(drafter, model, ctx, block_size=max(n, 2), repeats=repeats)
@@ -63,7 +63,7 @@ def cost_model(run_dir: Path, target: Path, dtype: str, context: int, repeats: i
         print(f"{dtype}: {n:>2} tokens {1e3 * t_n:7.2f} ms = {rows[-1]['verify']:.2f} x one token "
               f"({1e3 * c['target_1']:.2f} ms); drafter block of {max(n, 2)}: {rows[-1]['drafter']:.2f} x", flush=True)
     return {"dtype": dtype, "context_tokens": context, "repeats": repeats, "threads": torch.get_num_threads(),
-            "steps": rows}
+            "drafter": str(drafter_dir), "steps": rows}
 
 
 def predict(costs: dict, per_position: list[float], ks) -> list[dict]:
@@ -84,18 +84,20 @@ def run_summary(run_dir: Path) -> dict:
     "What was trained: steps, wall time, τ before/after and the per-position acceptance of the held-out walk."
     import yaml
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    rep = json.loads((run_dir / "report.json").read_text())
-    d = json.loads((run_dir / "drafter" / "config.json").read_text())
+    rep = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    d = json.loads((run_dir / "drafter" / "config.json").read_text()) if (run_dir / "drafter").exists() else {}
     after = rep.get("tau_after") or {}
     return {"run_dir": str(run_dir), "steps": cfg.get("steps"), "max_tokens": cfg.get("max_tokens"),
             "max_anchors": cfg.get("max_anchors"), "lr": (cfg.get("optim") or {}).get("lr"),
             "block_size": d.get("block_size"), "drafter_layers": d.get("num_hidden_layers"),
-            "train_wall_s": (rep.get("train") or {}).get("wall_s"), "train_steps_done": (rep.get("train") or {}).get("steps"),
+            "train_wall_s": (rep.get("train") or {}).get("wall_s"),
+            "train_steps_done": (rep.get("train") or {}).get("steps"),
             "tau_before": (rep.get("tau_before") or {}).get("tau"), "tau_after": after.get("tau"),
             "per_position": after.get("per_position"), "heldout_samples": after.get("samples")}
 
 
-def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, tmp: Path) -> tuple[dict, list]:
+def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
+          tmp: Path) -> tuple[dict, list]:
     "The real console script's sweep on the run's held-out prompts; its JSON and the command."
     from serving import write_prompts
     manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
@@ -104,8 +106,9 @@ def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: 
     if leaks: raise SystemExit(f"{leaks} prompts hold their reference answer")
     cmd = [str(EVAL), "--engine", "vllm", "--target", str(target), "--drafter", str(run_dir / "drafter"),
            "--prompts", str(tmp / "heldout-prompts.jsonl"), "--max-new-tokens", str(max_new_tokens),
-           "--chat-template-kwargs", json.dumps(kwargs), "--dtype", dtype,
-           "--num-speculative-tokens", *map(str, ks), "--batch-size", *map(str, batches), "--json", str(tmp / "eval.json")]
+           "--max-prompts", str(max_prompts), "--chat-template-kwargs", json.dumps(kwargs), "--dtype", dtype,
+           "--num-speculative-tokens", *map(str, ks), "--batch-size", *map(str, batches),
+           "--json", str(tmp / "eval.json")]
     subprocess.run(cmd, check=True, cwd=ROOT)
     res = json.loads((tmp / "eval.json").read_text())
     (cell,) = res["prompt_sets"].values()
@@ -115,8 +118,11 @@ def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", default=str(ROOT / "runs" / "smollm2"), help="finished training run (drafter/, report.json)")
+    ap.add_argument("--run", default=str(ROOT / "runs" / "smollm2"),
+                    help="finished training run (drafter/, report.json)")
     ap.add_argument("--target", default=str(ROOT / "models" / "smollm2"), help="the target's model directory")
+    ap.add_argument("--drafter", default=None, help="the drafter whose cost is timed (default: the run's export; "
+                    "its weights do not change the time, its shape does)")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="cost model dtypes")
     ap.add_argument("--context", type=int, default=256, help="tokens in the KV cache while a step is timed")
     ap.add_argument("--repeats", type=int, default=9)
@@ -124,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--serve-dtype", default="bfloat16", help="the dtype vLLM serves in")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-prompts", type=int, default=16, help="held-out prompts served in every cell")
     ap.add_argument("--no-sweep", action="store_true", help="the cost model only")
     ap.add_argument("--no-cost", action="store_true", help="the sweep only (the cost model kept from --out)")
     ap.add_argument("--note", default="")
@@ -142,17 +149,19 @@ def main(argv=None) -> int:
     pp = trained["per_position"] or []
     if not a.no_cost:
         for dt in a.dtypes:
-            costs = cost_model(run_dir, target, dt, a.context, a.repeats)
-            costs["predicted"] = predict(costs, pp, a.k)
-            out["cost_model"][dt] = costs
-            for p in costs["predicted"]:
-                print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
-                      f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)
+            out["cost_model"][dt] = cost_model(run_dir, target, Path(a.drafter or run_dir / "drafter"), dt, a.context,
+                                               a.repeats)
             write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
+    for dt, costs in out["cost_model"].items():   # from the trained drafter's acceptance, whenever the costs were timed
+        costs["predicted"] = predict(costs, pp, a.k)
+        for p in costs["predicted"]:
+            print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
+                  f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)
     if not a.no_sweep:
         with tempfile.TemporaryDirectory(prefix="dflash_nb-speedup-") as tmp:
             out["load_sweep_start"] = load()
-            sw, cmd = sweep(run_dir, target, a.k, a.batch, a.serve_dtype, a.max_new_tokens, Path(tmp))
+            sw, cmd = sweep(run_dir, target, a.k, a.batch, a.serve_dtype, a.max_new_tokens, a.max_prompts,
+                            Path(tmp))
         out["sweep"], out["sweep_command"] = sw, cmd
         pred = {p["k"]: p for p in out["cost_model"].get(a.serve_dtype, {}).get("predicted", [])}
         for c in sw["cells"]:
