@@ -35,14 +35,26 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def context_ids(run_dir: Path, n: int):
-    "`n` tokens of held-out samples, one after another: what the target's KV cache holds while a step is timed."
+def context_ids(run_dir: Path, target: Path, n: int):
+    "`n` tokens of held-out samples (else the bundled prompts, chat-rendered): what the KV cache holds while timed."
     import torch
-    from dflash_nb.shards import read_shards
-    ds, ids = read_shards(run_dir / "data" / "heldout"), []
-    for i in range(len(ds)):
-        ids += list(ds[i]["input_ids"])
-        if len(ids) >= n: break
+    ids = []
+    if (run_dir / "data" / "heldout").is_dir():
+        from dflash_nb.shards import read_shards
+        ds = read_shards(run_dir / "data" / "heldout")
+        for i in range(len(ds)):
+            ids += list(ds[i]["input_ids"])
+            if len(ids) >= n: break
+    else:
+        from dflash_nb.records import load_tokenizer
+        from dflash_nb.train import demo_data_dir
+        tok = load_tokenizer(str(target))
+        for line in (demo_data_dir() / "prompts.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            msgs = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            ids += tok(text, add_special_tokens=False)["input_ids"]
+            if len(ids) >= n: break
     return torch.tensor(ids[:n])
 
 
@@ -54,7 +66,7 @@ def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, conte
     from dflash_nb.target import load_target
     model = load_target(str(target), dtype=dtype, device=torch.device("cpu"))
     drafter = load_drafter_dir(drafter_dir, model)
-    ctx, rows = context_ids(run_dir, context), []
+    ctx, rows = context_ids(run_dir, target, context), []
     for n in STEP_TOKENS:
         c = forward_costs(drafter, model, ctx, block_size=max(n, 2), repeats=repeats)
         t_n = c["target_1"] if n == 1 else c["target_block"]
@@ -83,7 +95,7 @@ def predict(costs: dict, per_position: list[float], ks) -> list[dict]:
 def run_summary(run_dir: Path) -> dict:
     "What was trained: steps, wall time, τ before/after and the per-position acceptance of the held-out walk."
     import yaml
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
     rep = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
     d = json.loads((run_dir / "drafter" / "config.json").read_text()) if (run_dir / "drafter").exists() else {}
     after = rep.get("tau_after") or {}
@@ -111,9 +123,7 @@ def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: 
            "--json", str(tmp / "eval.json")]
     subprocess.run(cmd, check=True, cwd=ROOT)
     res = json.loads((tmp / "eval.json").read_text())
-    (cell,) = res["prompt_sets"].values()
-    return {"dflash_nb_tau": cell["0"]["tau"], "dflash_nb_per_position": cell["0"]["per_position"],
-            **res["vllm_sweep"]}, [c.replace(str(tmp), "$TMP") for c in cmd]
+    return res["vllm_sweep"], [c.replace(str(tmp), "$TMP") for c in cmd]
 
 
 def main(argv=None) -> int:

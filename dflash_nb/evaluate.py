@@ -432,6 +432,12 @@ def main(argv=None) -> dict:
     if args.engine != "vllm" and (args.num_speculative_tokens or args.batch_size):
         raise ConfigError("--num-speculative-tokens / --batch-size: the sweep is served by vLLM: add --engine vllm")
     if args.engine == "vllm": check_vllm_args(args)
+    if args.engine == "vllm" and (args.num_speculative_tokens or args.batch_size):
+        res = _main_sweep(args, convs, kwargs)   # vLLM's figures only: no target loaded here, no loop of ours
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(finite_json(res), indent=1, allow_nan=False))
+        return res
     model = load_target_spec(args.target, args.device, args.dtype)
     from dflash_nb.target import fast_paths, fast_paths_line
 
@@ -656,10 +662,7 @@ def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
         + (f", top-k {args.top_k}" if args.top_k else "")
     )
     print(format_tau_table(sets, args.temperature))
-    sweep = None
-    if args.engine == "vllm" and (args.num_speculative_tokens or args.batch_size):
-        sweep = _add_sweep(args, rendered, stop, n_new)
-    elif args.engine == "vllm":
+    if args.engine == "vllm":
         _add_served(args, sets, rendered, B, stop, n_new)
     out = dict(
         block_size=B,
@@ -705,7 +708,6 @@ def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
             "(first turns)"
         )
         print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
-    if sweep: out["vllm_sweep"] = sweep
     out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
     return out
 
@@ -736,6 +738,19 @@ def _add_sweep(args, rendered, stop, n_new) -> dict:
     print(f"best at batch {b['batch']}: k = {b['k']} ({b['speedup']:.2f}x, τ {b['tau']:.3f}); "
           f"dflash-export --num-speculative-tokens {b['k']} writes it into the export")
     return {"prompt_file": name, **sweep}
+
+def _main_sweep(args, convs, kwargs) -> dict:
+    "The sweep alone: the first prompt file rendered with the target's tokenizer, its stop ids, served by vLLM."
+    from dflash_nb.prompts import render_prompts
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    e = json.loads((Path(args.target) / "config.json").read_text()).get("eos_token_id")
+    stop = sorted(set(([e] if isinstance(e, int) else list(e or [])) +
+                      ([int(tok.eos_token_id)] if tok.eos_token_id is not None else [])))
+    rendered = {name: render_prompts(pf, tok, chat_template_kwargs=kwargs) for name, pf in list(convs.items())[:1]}
+    n_new = args.max_new_tokens or 256
+    return dict(max_new_tokens=n_new, chat_template_kwargs=kwargs, stop_token_ids=stop,
+                vllm_sweep=_add_sweep(args, rendered, stop, n_new))
+
 
 # %% ../nbs/09b_evaluate.ipynb #03037665
 def _costs_line(c: dict) -> str:
