@@ -58,22 +58,50 @@ def context_ids(run_dir: Path, target: Path, n: int):
     return torch.tensor(ids[:n])
 
 
-def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, context: int, repeats: int) -> dict:
-    "Target step time per appended tokens and drafter proposal time per block, in `dtype`, relative to a 1-token step."
+def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, context: int, repeats: int,
+               threads: int | None = None) -> dict:
+    """Target step time per appended tokens and drafter proposal time per block, in `dtype`, relative to a 1-token step.
+
+    The one-token step, the n-token step and the n-slot proposal are timed in turn within every repeat and the ratios
+    taken per repeat (median over repeats): on a machine whose load moves, a ratio of two medians timed minutes apart
+    says more about the load than about the step. The cache is cropped back to the context after every step."""
     import torch
-    from dflash_nb.decoding import forward_costs
+    from transformers import DynamicCache
+    from dflash_nb import decoding as D
     from dflash_nb.evaluate import load_drafter_dir
     from dflash_nb.target import load_target
+    if threads: torch.set_num_threads(threads)
     model = load_target(str(target), dtype=dtype, device=torch.device("cpu"))
     drafter = load_drafter_dir(drafter_dir, model)
-    ctx, rows = context_ids(run_dir, target, context), []
+    prompt, rows, med = context_ids(run_dir, target, context), [], lambda xs: sorted(xs)[len(xs) // 2]
     for n in STEP_TOKENS:
-        c = forward_costs(drafter, model, ctx, block_size=max(n, 2), repeats=repeats)
-        t_n = c["target_1"] if n == 1 else c["target_block"]
-        rows.append(dict(tokens=n, target_1_ms=1e3 * c["target_1"], target_ms=1e3 * t_n, verify=t_n / c["target_1"],
-                         drafter_ms=1e3 * c["drafter"], drafter=c["drafter"] / c["target_1"], load=load()))
-        print(f"{dtype}: {n:>2} tokens {1e3 * t_n:7.2f} ms = {rows[-1]['verify']:.2f} x one token "
-              f"({1e3 * c['target_1']:.2f} ms); drafter block of {max(n, 2)}: {rows[-1]['drafter']:.2f} x", flush=True)
+        B, layer_ids, proposer, dev, prompt = D._loop_setup(drafter, model, prompt, max(n, 2), None, "sdpa")
+        P, name = prompt.numel(), D._model_kwargs_cache_name(model)
+        kw = {name: DynamicCache(config=model.config), "use_cache": True}
+        with torch.inference_mode(), D.capture_layers(model, layer_ids) as store:
+            model(input_ids=prompt[None], position_ids=torch.arange(P)[None], logits_to_keep=1, **kw)
+            feats = D._features_from(store, layer_ids)
+            saved = D.snapshot_linear_state(kw[name])
+            def step(m):
+                model(input_ids=prompt[-1:].expand(m)[None], position_ids=torch.arange(P, P + m)[None], **kw)
+                D.restore_cache(kw[name], saved, P)
+            seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
+            propose = lambda: proposer.propose(seq, ctx, torch.tensor([P]))
+            t1s, tns, tds = [], [], []
+            for r in range(repeats + 1):
+                ts = []
+                for fn in (lambda: step(1), lambda: step(n), propose):
+                    t = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t)
+                if r:   # the first round warms up
+                    for xs, x in zip((t1s, tns, tds), ts): xs.append(x)
+        rows.append(dict(tokens=n, target_1_ms=1e3 * med(t1s), target_ms=1e3 * med(tns),
+                         verify=med([b / a for a, b in zip(t1s, tns)]), drafter_ms=1e3 * med(tds),
+                         drafter=med([d / a for a, d in zip(t1s, tds)]), load=load()))
+        print(f"{dtype}: {n:>2} tokens {rows[-1]['target_ms']:7.2f} ms = {rows[-1]['verify']:.2f} x one token "
+              f"({rows[-1]['target_1_ms']:.2f} ms); drafter block of {max(n, 2)}: {rows[-1]['drafter']:.2f} x",
+              flush=True)
     return {"dtype": dtype, "context_tokens": context, "repeats": repeats, "threads": torch.get_num_threads(),
             "drafter": str(drafter_dir), "steps": rows}
 
@@ -109,7 +137,7 @@ def run_summary(run_dir: Path) -> dict:
 
 
 def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
-          tmp: Path) -> tuple[dict, list]:
+          tmp: Path, threads: int | None = None) -> tuple[dict, list]:
     "The real console script's sweep on the run's held-out prompts; its JSON and the command."
     from serving import write_prompts
     manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
@@ -121,7 +149,8 @@ def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: 
            "--max-prompts", str(max_prompts), "--chat-template-kwargs", json.dumps(kwargs), "--dtype", dtype,
            "--num-speculative-tokens", *map(str, ks), "--batch-size", *map(str, batches),
            "--json", str(tmp / "eval.json")]
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     res = json.loads((tmp / "eval.json").read_text())
     return res["vllm_sweep"], [c.replace(str(tmp), "$TMP") for c in cmd]
 
@@ -136,6 +165,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="cost model dtypes")
     ap.add_argument("--context", type=int, default=256, help="tokens in the KV cache while a step is timed")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the cost timing (default: torch's; 1 where other work oversubscribes)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 7], help="num_speculative_tokens to sweep")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--serve-dtype", default="bfloat16", help="the dtype vLLM serves in")
@@ -154,13 +185,13 @@ def main(argv=None) -> int:
            "target": {"path": str(a.target), **{k: tcfg.get(k) for k in (
                "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size", "vocab_size")}},
-           "drafter_training": trained, "load_start": load(), "note": a.note,
+           "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
     pp = trained["per_position"] or []
     if not a.no_cost:
         for dt in a.dtypes:
             out["cost_model"][dt] = cost_model(run_dir, target, Path(a.drafter or run_dir / "drafter"), dt, a.context,
-                                               a.repeats)
+                                               a.repeats, a.threads)
             write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
     for dt, costs in out["cost_model"].items():   # from the trained drafter's acceptance, whenever the costs were timed
         costs["predicted"] = predict(costs, pp, a.k)
@@ -171,7 +202,7 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="dflash_nb-speedup-") as tmp:
             out["load_sweep_start"] = load()
             sw, cmd = sweep(run_dir, target, a.k, a.batch, a.serve_dtype, a.max_new_tokens, a.max_prompts,
-                            Path(tmp))
+                            Path(tmp), a.threads)
         out["sweep"], out["sweep_command"] = sw, cmd
         pred = {p["k"]: p for p in out["cost_model"].get(a.serve_dtype, {}).get("predicted", [])}
         for c in sw["cells"]:
