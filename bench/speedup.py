@@ -194,7 +194,7 @@ def main(argv=None) -> int:
                                                a.repeats, a.threads)
             write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
     for dt, costs in out["cost_model"].items():   # from the trained drafter's acceptance, whenever the costs were timed
-        costs["predicted"] = predict(costs, pp, a.k)
+        costs["predicted"] = predict(costs, pp, range(1, len(pp) + 1))   # every k the block allows
         for p in costs["predicted"]:
             print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
                   f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)
