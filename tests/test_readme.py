@@ -76,7 +76,8 @@ CHECKS = {
                                                   f"{d['vllm']['tau']:.3f} / {d['dflash_nb']['tau']:.3f}"],
     ("speedup-cpu.json", "SmolLM2"): lambda d: [f"k {d['best']['k']}", f"τ {d['best']['tau']:.2f}",
                                                 f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
-                                                f"{d['best']['speedup']:.2f}×"],
+                                                f"{d['best']['speedup']:.2f}×",
+                                                f"{d['best']['identical']} of {d['best']['prompts']}"],
     ("eval_cache.json", "4K"): lambda d: [f"{c['proposers']['prefix']['snapshot']['target_tokens_per_committed']:.2f}"
                                           for c in d["contexts"] if c["context"] == 4096],
 }
