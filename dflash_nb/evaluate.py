@@ -464,7 +464,7 @@ def _first_turns(prompts) -> list:
 
 # %% ../nbs/09b_evaluate.ipynb #2881e963
 def check_sweep(ks, batch_sizes, drafter_dir) -> tuple[list[int], list[int]]:
-    "The sweep's k values (default block − 1) and batch sizes (default 1, 16), sorted; one line if any cannot be served."
+    "The sweep's k values (default block − 1) and batch sizes (default 1, 16), sorted; one line if one can't be served."
     from dflash_nb.config import ConfigError
     from dflash_nb.vllm_worker import drafted_tokens
     try: most = drafted_tokens(drafter_dir)   # the export's block − 1: what one proposal can fill
@@ -567,7 +567,8 @@ def best_cell(cells: list[dict]) -> dict:
 
 def format_sweep(cells: list[dict]) -> str:
     "The sweep as a table: one row per (k, batch)."
-    head = f"{'k':>3}  {'batch':>5}  {'τ vLLM':>7}  {'tok/s plain':>11}  {'tok/s drafter':>13}  {'speed-up':>8}  identical"
+    head = (f"{'k':>3}  {'batch':>5}  {'τ vLLM':>7}  {'tok/s plain':>11}  {'tok/s drafter':>13}  {'speed-up':>8}  "
+            "identical")
     rows = [head, "-" * len(head)]
     for c in cells:
         rows.append(f"{c['k']:>3}  {c['batch']:>5}  {c['tau']:>7.3f}  {c['plain_tokens_per_s']:>11.1f}  "
