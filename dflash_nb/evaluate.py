@@ -588,6 +588,19 @@ def _end_workers():
                 os.kill(int(d.name), signal.SIGKILL)
         except (OSError, IndexError, ValueError): pass   # gone meanwhile
 
+def _kill_workers_on_sigterm():
+    "From now on SIGTERM first kills the workers (one still loading cannot read a close), then does what it did before."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread(): return None
+    prev = signal.getsignal(signal.SIGTERM)
+    def on_term(signum, frame):
+        _end_workers()
+        if callable(prev): prev(signum, frame)
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    return prev
+
+
 # %% ../nbs/09b_evaluate.ipynb #0f723755
 def serve_sweep(
     target_dir, drafter_dir,   # a model directory and an export of a drafter for it
@@ -598,11 +611,12 @@ def serve_sweep(
     dtype: str = "float32",
 ) -> dict:
     "Every (k, batch) cell served by vLLM, greedy: acceptance length, output tokens/s without and with the drafter."
+    import signal
     from dflash_nb.serving import VLLMEngine, spec_delta
     ps = [torch.as_tensor(p).tolist() for p in _first_turns(prompts)]
     kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16)
     gen = dict(temperature=0.0, stop_token_ids=list(stop_token_ids))
-    engines, cells = [], []
+    engines, cells, prev = [], [], _kill_workers_on_sigterm()
     try:
         plain = VLLMEngine(target_dir, **kw)
         engines.append(plain)
@@ -625,6 +639,7 @@ def serve_sweep(
         _end_workers()   # SIGTERM (Terminated) or a failure: no worker is left loading or generating
         raise
     finally:
+        if prev is not None: signal.signal(signal.SIGTERM, prev)
         for e in engines: e.close()
     best = best_cell(cells)
     return dict(cells=cells, best=best, recommended_k=best["k"], dtype=dtype, max_new_tokens=max_new_tokens,
