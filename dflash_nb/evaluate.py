@@ -14,7 +14,8 @@ from .prompts import (MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, MultiTurn, Prompt
 
 # %% auto #0
 __all__ = ['format_drafts', 'show_drafts', 'compare_decoding', 'answer_turns', 'prompt_set_tau', 'format_tau_table',
-           'load_target_spec', 'load_drafter_dir', 'main', 'check_vllm_args', 'serve_prompt_sets', 'cli']
+           'load_target_spec', 'load_drafter_dir', 'main', 'check_sweep', 'check_vllm_args', 'serve_prompt_sets',
+           'best_cell', 'format_sweep', 'serve_sweep', 'cli']
 
 # %% ../nbs/09b_evaluate.ipynb #c1a5e7b8
 def format_drafts(
@@ -383,6 +384,23 @@ def _parser():
         help="--prompts: vllm also serves every prompt set with vLLM (the serving environment, `make serving`): "
         "τ from vLLM's own counters, output tokens/s with and without the drafter",
     )
+    ap.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="K",
+        help="--engine vllm: sweep vLLM's num_speculative_tokens over these values (each 1..block − 1; default: "
+        "block − 1) on the first prompt file, greedy; recommends the best k",
+    )
+    ap.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="--engine vllm: the sweep's batch sizes, prompts served N at a time (default 1 16)",
+    )
     return ap
 
 # %% ../nbs/09b_evaluate.ipynb #c65179d2
@@ -411,7 +429,15 @@ def main(argv=None) -> dict:
             convs = read_prompt_specs(args.prompts, args.max_prompts, args.max_record_bytes)
     except (PromptFileError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ConfigError(str(e)) from e
+    if args.engine != "vllm" and (args.num_speculative_tokens or args.batch_size):
+        raise ConfigError("--num-speculative-tokens / --batch-size: the sweep is served by vLLM: add --engine vllm")
     if args.engine == "vllm": check_vllm_args(args)
+    if args.engine == "vllm" and (args.num_speculative_tokens or args.batch_size):
+        res = _main_sweep(args, convs, kwargs)   # vLLM's figures only: no target loaded here, no loop of ours
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(finite_json(res), indent=1, allow_nan=False))
+        return res
     model = load_target_spec(args.target, args.device, args.dtype)
     from dflash_nb.target import fast_paths, fast_paths_line
 
@@ -436,6 +462,21 @@ def _first_turns(prompts) -> list:
     "Each prompt's first turn as token ids (a MultiTurn's later turns depend on what the target answers)."
     return [p.first_prompt() if isinstance(p, MultiTurn) else p for p in prompts]
 
+# %% ../nbs/09b_evaluate.ipynb #2881e963
+def check_sweep(ks, batch_sizes, drafter_dir) -> tuple[list[int], list[int]]:
+    "The sweep's k values (default block − 1) and batch sizes (default 1, 16), sorted; one line if one can't be served."
+    from dflash_nb.config import ConfigError
+    from dflash_nb.vllm_worker import drafted_tokens
+    try: most = drafted_tokens(drafter_dir)   # the export's block − 1: what one proposal can fill
+    except (OSError, ValueError) as e: raise ConfigError(f"--drafter {drafter_dir}: {e}") from None
+    for k in ks or []:
+        if not 1 <= k <= most:
+            raise ConfigError(f"--num-speculative-tokens {k}: the drafter's block is {most + 1} tokens "
+                              f"(the anchor and {most} drafts), so k must be in 1..{most}")
+    for b in batch_sizes or []:
+        if b < 1: raise ConfigError(f"--batch-size {b}: must be >= 1")
+    return sorted(set(ks or [most])), sorted(set(batch_sizes or [1, 16]))
+
 # %% ../nbs/09b_evaluate.ipynb #568331f5
 def check_vllm_args(args):
     "What `--engine vllm` needs: prompt sets, a target directory vLLM loads, an exported drafter."
@@ -446,6 +487,9 @@ def check_vllm_args(args):
         raise ConfigError(f"--engine vllm: --target {args.target}: not a model directory vLLM loads (no config.json)")
     if not (Path(args.drafter) / "config.json").is_file():
         raise ConfigError(f"--engine vllm: --drafter {args.drafter}: not an exported drafter (see dflash-export)")
+    if getattr(args, "num_speculative_tokens", None) or getattr(args, "batch_size", None):
+        check_sweep(args.num_speculative_tokens, args.batch_size, args.drafter)
+
 
 # %% ../nbs/09b_evaluate.ipynb #41dc38b2
 def _start_engines(target_dir, drafter_dir, num_speculative_tokens, **kw):
@@ -504,6 +548,102 @@ def serve_prompt_sets(
     finally:
         plain.close()
         spec.close()
+
+# %% ../nbs/09b_evaluate.ipynb #b25dcb22
+def _generate_batched(engine, prompts: list, batch: int, max_new_tokens: int, **gen) -> dict:
+    "All `prompts` through `engine`, `batch` at a time (vLLM runs one call's prompts together); seconds summed."
+    outs, secs = [], 0.0
+    for i in range(0, len(prompts), batch):
+        r = engine.generate(prompts[i:i + batch], max_new_tokens, **gen)
+        outs += r["outputs"]
+        secs += r["seconds"]
+    return {"outputs": outs, "seconds": secs}
+
+# %% ../nbs/09b_evaluate.ipynb #9c7dbd75
+def best_cell(cells: list[dict]) -> dict:
+    "The cell with the highest speed-up at the sweep's smallest batch size: its k is the one to serve with."
+    b = min(c["batch"] for c in cells)
+    return max((c for c in cells if c["batch"] == b), key=lambda c: c["speedup"] if c["speedup"] == c["speedup"] else 0)
+
+def format_sweep(cells: list[dict]) -> str:
+    "The sweep as a table: one row per (k, batch)."
+    head = (f"{'k':>3}  {'batch':>5}  {'τ vLLM':>7}  {'tok/s plain':>11}  {'tok/s drafter':>13}  {'speed-up':>8}  "
+            "identical")
+    rows = [head, "-" * len(head)]
+    for c in cells:
+        rows.append(f"{c['k']:>3}  {c['batch']:>5}  {c['tau']:>7.3f}  {c['plain_tokens_per_s']:>11.1f}  "
+                    f"{c['tokens_per_s']:>13.1f}  {c['speedup']:>8.2f}  {c['identical']}/{c['prompts']}")
+    return "\n".join(rows)
+
+# %% ../nbs/09b_evaluate.ipynb #2e5522b1
+def _end_workers():
+    "SIGKILL to this process's vLLM workers, one still loading included: an interrupted sweep leaves none behind."
+    import os, signal
+    from dflash_nb.serving import WORKER
+    me = str(os.getpid())
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            if ppid == me and str(WORKER) in (d / "cmdline").read_bytes().decode(errors="replace"):
+                os.kill(int(d.name), signal.SIGKILL)
+        except (OSError, IndexError, ValueError): pass   # gone meanwhile
+
+def _kill_workers_on_sigterm():
+    "From now on SIGTERM first kills the workers (one still loading cannot read a close), then does what it did before."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread(): return None
+    prev = signal.getsignal(signal.SIGTERM)
+    def on_term(signum, frame):
+        _end_workers()
+        if callable(prev): prev(signum, frame)
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    return prev
+
+
+# %% ../nbs/09b_evaluate.ipynb #0f723755
+def serve_sweep(
+    target_dir, drafter_dir,   # a model directory and an export of a drafter for it
+    prompts,                   # token tensors/lists or MultiTurn (first turns served)
+    ks, batch_sizes,           # num_speculative_tokens values and batch sizes (check_sweep's)
+    max_new_tokens: int = 64,
+    stop_token_ids=(),
+    dtype: str = "float32",
+) -> dict:
+    "Every (k, batch) cell served by vLLM, greedy: acceptance length, output tokens/s without and with the drafter."
+    import signal
+    from dflash_nb.serving import VLLMEngine, spec_delta
+    ps = [torch.as_tensor(p).tolist() for p in _first_turns(prompts)]
+    kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16)
+    gen = dict(temperature=0.0, stop_token_ids=list(stop_token_ids))
+    engines, cells, prev = [], [], _kill_workers_on_sigterm()
+    try:
+        plain = VLLMEngine(target_dir, **kw)
+        engines.append(plain)
+        plain.generate(ps[:1], 4)   # the first call of an engine pays for warm-up: not in any cell
+        for k in ks:
+            spec = VLLMEngine(target_dir, drafter_dir, k, **kw)
+            engines.append(spec)
+            spec.generate(ps[:1], 4)
+            for b in batch_sizes:
+                g = _generate_batched(plain, ps, b, max_new_tokens, **gen)
+                before = spec.spec_metrics()
+                s = _generate_batched(spec, ps, b, max_new_tokens, **gen)
+                cells.append(dict(k=k, batch=b, **_served_cell(g, s, spec_delta(spec.spec_metrics(), before), 0.0)))
+                c = cells[-1]
+                print(f"k {k}, batch {b}: τ {c['tau']:.3f}, {c['plain_tokens_per_s']:.1f} → {c['tokens_per_s']:.1f} "
+                      f"tok/s ({c['speedup']:.2f}x), identical {c['identical']}/{c['prompts']}", flush=True)
+            engines.remove(spec)
+            spec.close()
+    except BaseException:
+        _end_workers()   # SIGTERM (Terminated) or a failure: no worker is left loading or generating
+        raise
+    finally:
+        if prev is not None: signal.signal(signal.SIGTERM, prev)
+        for e in engines: e.close()
+    best = best_cell(cells)
+    return dict(cells=cells, best=best, recommended_k=best["k"], dtype=dtype, max_new_tokens=max_new_tokens,
+                prompts=len(ps), ks=list(ks), batch_sizes=list(batch_sizes))
 
 # %% ../nbs/09b_evaluate.ipynb #808ce669
 def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
@@ -600,6 +740,33 @@ def _add_served(args, sets, rendered, B, stop, n_new):
     print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
     print("vLLM output tokens/s with the drafter / without it")
     print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
+
+# %% ../nbs/09b_evaluate.ipynb #ec73e048
+def _add_sweep(args, rendered, stop, n_new) -> dict:
+    "`--num-speculative-tokens` / `--batch-size`: the sweep on the first prompt file, its table and the best k."
+    ks, bs = check_sweep(args.num_speculative_tokens, args.batch_size, args.drafter)
+    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    name, prompts = next(iter(rendered.items()))
+    print(f"vLLM sweep on {name} ({len(prompts)} prompts, greedy, {n_new} new tokens, {dtype}): k {ks} × batch {bs}")
+    sweep = serve_sweep(args.target, args.drafter, prompts, ks, bs, n_new, stop, dtype)
+    print(format_sweep(sweep["cells"]))
+    b = sweep["best"]
+    print(f"best at batch {b['batch']}: k = {b['k']} ({b['speedup']:.2f}x, τ {b['tau']:.3f}); "
+          f"dflash-export --num-speculative-tokens {b['k']} writes it into the export")
+    return {"prompt_file": name, **sweep}
+
+def _main_sweep(args, convs, kwargs) -> dict:
+    "The sweep alone: the first prompt file rendered with the target's tokenizer, its stop ids, served by vLLM."
+    from dflash_nb.prompts import render_prompts
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    e = json.loads((Path(args.target) / "config.json").read_text()).get("eos_token_id")
+    stop = sorted(set(([e] if isinstance(e, int) else list(e or [])) +
+                      ([int(tok.eos_token_id)] if tok.eos_token_id is not None else [])))
+    rendered = {name: render_prompts(pf, tok, chat_template_kwargs=kwargs) for name, pf in list(convs.items())[:1]}
+    n_new = args.max_new_tokens or 256
+    return dict(max_new_tokens=n_new, chat_template_kwargs=kwargs, stop_token_ids=stop,
+                vllm_sweep=_add_sweep(args, rendered, stop, n_new))
+
 
 # %% ../nbs/09b_evaluate.ipynb #03037665
 def _costs_line(c: dict) -> str:

@@ -15,7 +15,8 @@ from .model import SERVING_ARCH, serving_config, read_exported_config   # the se
 # %% auto #0
 __all__ = ['NonFiniteWeightsError', 'check_finite_weights', 'CorruptWeightsError', 'read_safetensors', 'write_modeling_code',
            'serving_state_dict', 'check_export_dir', 'export_drafter', 'load_exported_drafter', 'check_drafter_fits',
-           'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'main', 'cli']
+           'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'check_num_speculative_tokens',
+           'write_num_speculative_tokens', 'vllm_serve_line', 'main', 'cli']
 
 # %% ../nbs/10_export.ipynb #c981e3eb
 from .config import ExpectedError
@@ -315,6 +316,33 @@ def export_checkpoint(
         with_modeling_code=with_modeling_code,
     )
 
+# %% ../nbs/10_export.ipynb #6ce785fe
+def check_num_speculative_tokens(k: int, checkpoint) -> int:
+    "`k` unless the checkpoint's drafter cannot fill it (1..block − 1): then one line, before anything is written."
+    from dflash_nb.checkpoint import resolve_checkpoint
+    if k < 1: raise ExpectedError(f"--num-speculative-tokens {k}: must be >= 1")
+    block = checkpoint_drafter_config(resolve_checkpoint(checkpoint)).block_size
+    if k > block - 1:
+        raise ExpectedError(f"--num-speculative-tokens {k}: the drafter's block is {block} tokens, so k must be in "
+                            f"1..{block - 1}")
+    return k
+
+def write_num_speculative_tokens(export_dir, k: int):
+    "Record the k to serve with in the export's config.json (`dflash_config.num_speculative_tokens`)."
+    p = Path(export_dir) / "config.json"
+    cfg = json.loads(p.read_text())
+    cfg["dflash_config"]["num_speculative_tokens"] = int(k)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    tmp.replace(p)
+
+def vllm_serve_line(export_dir, target: str = "<target>") -> str:
+    "The `vllm serve` command for an export: its recorded k, else block − 1."
+    cfg = json.loads((Path(export_dir) / "config.json").read_text())
+    k = cfg["dflash_config"].get("num_speculative_tokens") or cfg["block_size"] - 1
+    spec = json.dumps({"method": "dflash", "model": str(export_dir), "num_speculative_tokens": k})
+    return f"vllm serve {target} --speculative-config '{spec}'"
+
 # %% ../nbs/10_export.ipynb #ed7ff82b
 def main(argv=None):
     "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
@@ -344,20 +372,33 @@ def main(argv=None):
         help="also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
         "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)",
     )
+    ap.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the k to serve with (1..block − 1, e.g. the best k of `dflash-eval --engine vllm "
+        "--num-speculative-tokens ...`): written into config.json and the printed `vllm serve` line",
+    )
     a = ap.parse_args(argv)
     try:
+        if a.num_speculative_tokens is not None:
+            check_num_speculative_tokens(a.num_speculative_tokens, a.checkpoint)
         out = export_checkpoint(
             a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite, with_modeling_code=a.with_modeling_code
         )
     except (FileExistsError, FileNotFoundError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ExpectedError(str(e)) from e
+    if a.num_speculative_tokens is not None: write_num_speculative_tokens(out, a.num_speculative_tokens)
     cfg = json.loads((out / "config.json").read_text())
     print(
         f"exported {a.checkpoint} -> {out} ({cfg['num_hidden_layers']} layers, block_size {cfg['block_size']}, "
         f"target layers {cfg['dflash_config']['target_layer_ids']}, "
         f"mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})"
     )
+    print(f"serve with: {vllm_serve_line(out)}")
     return out
+
 
 # %% ../nbs/10_export.ipynb #45f1ddf4
 def cli():

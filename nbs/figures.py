@@ -247,3 +247,36 @@ def quality_curve(runs: list, setups=("smollm2", "smollm2_long")):
         ax.grid(alpha=0.3)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         _show(fig, colors=128)
+
+
+def speedup(res: dict, dtype: str = "bfloat16"):
+    "The cost model: target step cost per appended tokens, and predicted vs vLLM-measured speed-up against k (09b)."
+    cm = res["cost_model"]
+    with plt.rc_context(STYLE):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=DPI)
+        for dt, color in (("bfloat16", "tab:blue"), ("float32", "tab:orange")):
+            if dt not in cm: continue
+            st = cm[dt]["steps"]
+            a1.plot([r["tokens"] for r in st], [r["verify"] for r in st], "o-", color=color, ms=4,
+                    label=f"target step, {dt}")
+            a1.plot([r["tokens"] for r in st], [r["verify"] + r["drafter"] for r in st], "s--", color=color, ms=3,
+                    lw=1, label=f"+ drafter proposal, {dt}")
+        a1.axhline(1.0, color="0.45", ls=":", lw=1)
+        a1.set(title=f"cost of one step, relative to 1 token\n(KV cache {cm[dtype]['context_tokens']} tokens)",
+               xlabel="tokens appended (k drafts + 1)", ylabel="× one-token step", ylim=(0, None))
+        a1.legend()
+        pred = cm[dtype]["predicted"]
+        ks = [p["k"] for p in pred]
+        a2.plot(ks, [p["predicted_speedup"] for p in pred], "o-", color="tab:blue", label=f"predicted ({dtype})")
+        a2.plot(ks, [p["tau"] for p in pred], ":", color="0.5", label="τ(k) of the drafter")
+        a2.plot(ks, [p["break_even_tau"] for p in pred], "--", color="tab:red", lw=1, label="break-even τ(k)")
+        cells = (res.get("sweep") or {}).get("cells", [])
+        for b, mark, color in ((1, "D", "tab:green"), (16, "v", "tab:purple")):
+            c = [x for x in cells if x["batch"] == b]
+            if c: a2.plot([x["k"] for x in c], [x["speedup"] for x in c], mark, color=color, ms=7,
+                          label=f"measured by vLLM, batch {b}")
+        a2.axhline(1.0, color="0.45", ls=":", lw=1)
+        a2.set(title="speed-up against k", xlabel="num_speculative_tokens k", ylabel="× plain decoding",
+               ylim=(0, None))
+        a2.legend(fontsize=8)
+        _show(fig)

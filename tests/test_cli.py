@@ -22,6 +22,9 @@ def files(tmp_path):
     (run / "config.yaml").write_text(BAD_YAML)
     (tmp_path / "not.gguf").write_bytes(b"GGUX" + bytes(60))
     (tmp_path / "q.jsonl").write_text(json.dumps({"prompt": "Name a prime number."}) + "\n")
+    for d, cfg in (("served", {}), ("export", {"block_size": 8, "dflash_config": {"block_size": 8}})):
+        (tmp_path / d).mkdir()   # what --engine vllm looks at before vLLM starts: a config.json each
+        (tmp_path / d / "config.json").write_text(json.dumps(cfg))
     return tmp_path
 
 
@@ -32,6 +35,7 @@ SCRIPTS = {"dflash-data": "data", "dflash-train": "train", "dflash-eval": "evalu
 DATA = ["--input", "{d}/in.jsonl", "--tokenizer", "{d}/tok", "--out", "{d}/out"]
 EVAL = ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/p.jsonl"]
 EXPORT = ["--checkpoint", "{d}/ckpt", "--out", "{d}/out"]
+SWEEP = ["--drafter", "{d}/export", "--target", "{d}/served", "--prompts", "{d}/q.jsonl", "--engine", "vllm"]
 # (module, what goes wrong, arguments ({d}: the fixture's directory), text the one error line holds)
 CASES = [
     ("data", "bad flag", DATA + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
@@ -55,6 +59,11 @@ CASES = [
                                           "--engine", "vllm"], "--engine vllm: needs --prompts"),
     ("evaluate", "vllm, no target dir", ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/q.jsonl",
                                          "--engine", "vllm"], "--engine vllm: --target tiny: not a model directory"),
+    ("evaluate", "sweep k beyond the block", SWEEP + ["--num-speculative-tokens", "2", "8"],
+     "--num-speculative-tokens 8: the drafter's block is 8 tokens (the anchor and 7 drafts), so k must be in 1..7"),
+    ("evaluate", "sweep k of 0", SWEEP + ["--num-speculative-tokens", "0"], "k must be in 1..7"),
+    ("evaluate", "sweep batch of 0", SWEEP + ["--batch-size", "1", "0"], "--batch-size 0: must be >= 1"),
+    ("evaluate", "sweep without vllm", SWEEP[:6] + ["--batch-size", "1"], "the sweep is served by vLLM: add --engine vllm"),
     ("export", "bad flag", EXPORT + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
     ("export", "missing file", ["--checkpoint", "{d}/none", "--out", "{d}/out"], "no checkpoint at {d}/none"),
     ("export", "malformed YAML", EXPORT, "{d}/ckpt/drafter_config.yaml: not valid YAML: "),

@@ -74,8 +74,10 @@ CHECKS = {
                                                   f"{1 + d['tokens']['packed_waste']:.3f}"],
     ("serving-cpu.json", "identical"): lambda d: [f"{d['identical']} of {d['identical_of']}",
                                                   f"{d['vllm']['tau']:.3f} / {d['dflash_nb']['tau']:.3f}"],
-    ("serving-cpu.json", "tokens/s"): lambda d: [f"{d['tokens_per_s']['without_drafter']:.0f} → "
-                                                 f"{d['tokens_per_s']['with_drafter']:.0f}"],
+    ("speedup-cpu.json", "SmolLM2"): lambda d: [f"k {d['best']['k']}", f"τ {d['best']['tau']:.2f}",
+                                                f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
+                                                f"{d['best']['speedup']:.2f}×",
+                                                f"{d['best']['identical']} of {d['best']['prompts']}"],
     ("eval_cache.json", "4K"): lambda d: [f"{c['proposers']['prefix']['snapshot']['target_tokens_per_committed']:.2f}"
                                           for c in d["contexts"] if c["context"] == 4096],
 }

@@ -195,3 +195,56 @@ def test_dflash_eval_engine_vllm_reports_vllm_next_to_dflash_nb(cli):
     assert cell["vllm_speedup"] == pytest.approx(v["tokens_per_s"] / v["plain_tokens_per_s"])
     assert v["per_position"] == pytest.approx([c / v["drafts"] for c in v["accepted_per_pos"]])
     assert len(v["accepted_per_pos"]) == B - 1 and v["tokens"] > 0 and v["plain_tokens_per_s"] > 0
+
+
+def eval_cmd(served, out, *extra) -> list[str]:
+    return [str(Path(sys.executable).with_name("dflash-eval")), "--engine", "vllm",
+            "--drafter", str(served["exports"]["full"]), "--target", str(served["target_dir"]),
+            "--prompts", str(served["prompt_file"]), "--max-new-tokens", str(N_NEW), "--json", str(out), *extra]
+
+
+def test_dflash_eval_sweeps_k_and_batch_size(served):
+    "Two cells (k 2 at batch 1 and 12): vLLM's acceptance length and both rates per cell, outputs unchanged, best k."
+    out = served["root"] / "sweep.json"
+    r = subprocess.run(eval_cmd(served, out, "--num-speculative-tokens", "2", "--batch-size", "12", "1"),
+                       capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    sw = json.loads(out.read_text())["vllm_sweep"]
+    assert [(c["k"], c["batch"]) for c in sw["cells"]] == [(2, 1), (2, 12)]
+    for c in sw["cells"]:
+        assert c["identical"] == c["prompts"] == len(served["prompts"]), c      # lossless at every batch size
+        assert c["tau"] == pytest.approx(1 + c["accepted"] / c["drafts"]) and c["tau"] > 1.0, c
+        assert len(c["accepted_per_pos"]) == 2 and c["plain_tokens_per_s"] > 0 and c["tokens_per_s"] > 0
+        assert c["speedup"] == pytest.approx(c["tokens_per_s"] / c["plain_tokens_per_s"])
+    assert sw["best"]["batch"] == 1 and sw["recommended_k"] == 2
+    assert "best at batch 1: k = 2" in r.stdout, r.stdout[-2000:]
+
+
+def workers_of(pid: int) -> list[int]:
+    "Live processes whose parent is `pid` and that run the vLLM worker script."
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid) and \
+               b"vllm_worker.py" in (d / "cmdline").read_bytes():
+                out.append(int(d.name))
+        except (OSError, IndexError): pass
+    return out
+
+
+def test_sigterm_during_a_sweep_leaves_no_worker(served):
+    "SIGTERM while the sweep's engine loads: exit 143 at once, the worker killed, none left behind."
+    import signal
+    p = subprocess.Popen(eval_cmd(served, served["root"] / "never.json", "--num-speculative-tokens", "1", "3",
+                                  "--batch-size", "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not workers_of(p.pid) and p.poll() is None and time.monotonic() - t0 < 300: time.sleep(0.2)
+    started = workers_of(p.pid)
+    assert started, "no vLLM worker started"
+    time.sleep(2)   # inside vLLM's start
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err[-2000:]
+    time.sleep(1)
+    assert not [w for w in started if Path(f"/proc/{w}").exists() and
+                "Z" not in (Path(f"/proc/{w}") / "stat").read_text().rsplit(")", 1)[1].split()[0]], started

@@ -1,0 +1,220 @@
+"""Does the drafter pay on this machine? The cost model measured on the real target, then vLLM's own sweep.
+
+1. Cost model (Hugging Face transformers, the training environment): with the target's KV cache holding `--context`
+   tokens of a held-out sample, the median wall time of one target step appending n tokens (n = 1, 2, 3, 4, 5, 8, 9,
+   16, 17), relative to n = 1, in every `--dtypes`; the drafter's cost for one block proposal of n slots (the anchor
+   and n - 1 masks) relative to one target step. A step that drafts k tokens verifies k + 1 (the last committed token
+   and the k drafts), so with the drafter's per-position acceptance p_i (the share of cycles that accepted slot i,
+   measured by the training run's held-out walk) the model predicts
+
+       τ(k) = 1 + p_1 + … + p_k,   speed-up(k) = τ(k) / (verify(k + 1) + drafter(k + 1)),
+
+   and the τ at which the drafter breaks even is verify(k + 1) + drafter(k + 1) (both relative to a 1-token step).
+2. Sweep (vLLM CPU, the serving environment): `dflash-eval --engine vllm --num-speculative-tokens K... --batch-size
+   1 16` on the run's held-out prompts (answers removed), greedy: per cell vLLM's acceptance length, output tokens/s
+   without and with the drafter (the plain engine measured just before in the same run), identical outputs.
+
+    python bench/speedup.py --run runs/smollm2 --target models/smollm2
+    python bench/speedup.py --run runs/smollm2 --target models/smollm2 --no-sweep      # the cost model only
+
+Writes bench/results/speedup-cpu.json (or --out) after each part.
+"""
+from __future__ import annotations
+import argparse, json, os, platform, subprocess, sys, tempfile, time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import now_iso, write_json  # noqa: E402
+
+EVAL = ROOT / ".venv" / "bin" / "dflash-eval"
+STEP_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 17)
+
+
+def load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def context_ids(run_dir: Path, target: Path, n: int):
+    "`n` tokens of held-out samples (else the bundled prompts, chat-rendered): what the KV cache holds while timed."
+    import torch
+    ids = []
+    if (run_dir / "data" / "heldout").is_dir():
+        from dflash_nb.shards import read_shards
+        ds = read_shards(run_dir / "data" / "heldout")
+        for i in range(len(ds)):
+            ids += list(ds[i]["input_ids"])
+            if len(ids) >= n: break
+    else:
+        from dflash_nb.records import load_tokenizer
+        from dflash_nb.train import demo_data_dir
+        tok = load_tokenizer(str(target))
+        for line in (demo_data_dir() / "prompts.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            msgs = rec.get("messages") or [{"role": "user", "content": rec["prompt"]}]
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            ids += tok(text, add_special_tokens=False)["input_ids"]
+            if len(ids) >= n: break
+    return torch.tensor(ids[:n])
+
+
+def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, context: int, repeats: int,
+               threads: int | None = None) -> dict:
+    """Target step time per appended tokens and drafter proposal time per block, in `dtype`, relative to a 1-token step.
+
+    The one-token step, the n-token step and the n-slot proposal are timed in turn within every repeat and the ratios
+    taken per repeat (median over repeats): on a machine whose load moves, a ratio of two medians timed minutes apart
+    says more about the load than about the step. The cache is cropped back to the context after every step."""
+    import torch
+    from transformers import DynamicCache
+    from dflash_nb import decoding as D
+    from dflash_nb.evaluate import load_drafter_dir
+    from dflash_nb.target import load_target
+    if threads: torch.set_num_threads(threads)
+    model = load_target(str(target), dtype=dtype, device=torch.device("cpu"))
+    drafter = load_drafter_dir(drafter_dir, model)
+    prompt, rows, med = context_ids(run_dir, target, context), [], lambda xs: sorted(xs)[len(xs) // 2]
+    for n in STEP_TOKENS:
+        B, layer_ids, proposer, dev, prompt = D._loop_setup(drafter, model, prompt, max(n, 2), None, "sdpa")
+        P, name = prompt.numel(), D._model_kwargs_cache_name(model)
+        kw = {name: DynamicCache(config=model.config), "use_cache": True}
+        with torch.inference_mode(), D.capture_layers(model, layer_ids) as store:
+            model(input_ids=prompt[None], position_ids=torch.arange(P)[None], logits_to_keep=1, **kw)
+            feats = D._features_from(store, layer_ids)
+            saved = D.snapshot_linear_state(kw[name])
+            def step(m):
+                model(input_ids=prompt[-1:].expand(m)[None], position_ids=torch.arange(P, P + m)[None], **kw)
+                D.restore_cache(kw[name], saved, P)
+            seq, ctx = torch.cat([prompt, prompt[-1:]]), torch.cat([feats, feats.new_zeros(1, feats.shape[1])])
+            propose = lambda: proposer.propose(seq, ctx, torch.tensor([P]))
+            t1s, tns, tds = [], [], []
+            for r in range(repeats + 1):
+                ts = []
+                for fn in (lambda: step(1), lambda: step(n), propose):
+                    t = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t)
+                if r:   # the first round warms up
+                    for xs, x in zip((t1s, tns, tds), ts): xs.append(x)
+        rows.append(dict(tokens=n, target_1_ms=1e3 * med(t1s), target_ms=1e3 * med(tns),
+                         verify=med([b / a for a, b in zip(t1s, tns)]), drafter_ms=1e3 * med(tds),
+                         drafter=med([d / a for a, d in zip(t1s, tds)]), load=load()))
+        print(f"{dtype}: {n:>2} tokens {rows[-1]['target_ms']:7.2f} ms = {rows[-1]['verify']:.2f} x one token "
+              f"({rows[-1]['target_1_ms']:.2f} ms); drafter block of {max(n, 2)}: {rows[-1]['drafter']:.2f} x",
+              flush=True)
+    return {"dtype": dtype, "context_tokens": context, "repeats": repeats, "threads": torch.get_num_threads(),
+            "drafter": str(drafter_dir), "steps": rows}
+
+
+def predict(costs: dict, per_position: list[float], ks) -> list[dict]:
+    "Predicted speed-up and break-even τ per k from the measured costs and the drafter's per-position acceptance."
+    by_n = {r["tokens"]: r for r in costs["steps"]}
+    out = []
+    for k in ks:
+        r = by_n.get(k + 1)
+        if r is None or k > len(per_position): continue
+        tau = 1 + sum(per_position[:k])
+        cost = r["verify"] + r["drafter"]
+        out.append(dict(k=k, tau=tau, verify=r["verify"], drafter=r["drafter"], break_even_tau=cost,
+                        predicted_speedup=tau / cost))
+    return out
+
+
+def run_summary(run_dir: Path) -> dict:
+    "What was trained: steps, wall time, τ before/after and the per-position acceptance of the held-out walk."
+    import yaml
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").exists() else {}
+    rep = json.loads((run_dir / "report.json").read_text()) if (run_dir / "report.json").exists() else {}
+    d = json.loads((run_dir / "drafter" / "config.json").read_text()) if (run_dir / "drafter").exists() else {}
+    after = rep.get("tau_after") or {}
+    return {"run_dir": str(run_dir), "steps": cfg.get("steps"), "max_tokens": cfg.get("max_tokens"),
+            "max_anchors": cfg.get("max_anchors"), "lr": (cfg.get("optim") or {}).get("lr"),
+            "block_size": d.get("block_size"), "drafter_layers": d.get("num_hidden_layers"),
+            "train_wall_s": (rep.get("train") or {}).get("wall_s"),
+            "train_steps_done": (rep.get("train") or {}).get("steps"),
+            "tau_before": (rep.get("tau_before") or {}).get("tau"), "tau_after": after.get("tau"),
+            "per_position": after.get("per_position"), "heldout_samples": after.get("samples")}
+
+
+def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
+          tmp: Path, threads: int | None = None) -> tuple[dict, list]:
+    "The real console script's sweep on the run's held-out prompts; its JSON and the command."
+    from serving import write_prompts
+    manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
+    kwargs = manifest.get("template_kwargs") or {}
+    n, leaks = write_prompts(run_dir / "generated" / "heldout.jsonl", tmp / "heldout-prompts.jsonl")
+    print(f"{n} held-out prompts, {leaks} of them holding their reference answer's text (recorded, not dropped)")
+    cmd = [str(EVAL), "--engine", "vllm", "--target", str(target), "--drafter", str(run_dir / "drafter"),
+           "--prompts", str(tmp / "heldout-prompts.jsonl"), "--max-new-tokens", str(max_new_tokens),
+           "--max-prompts", str(max_prompts), "--chat-template-kwargs", json.dumps(kwargs), "--dtype", dtype,
+           "--num-speculative-tokens", *map(str, ks), "--batch-size", *map(str, batches),
+           "--json", str(tmp / "eval.json")]
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env)
+    res = json.loads((tmp / "eval.json").read_text())
+    return {**res["vllm_sweep"], "prompts_holding_answer": leaks}, [c.replace(str(tmp), "$TMP") for c in cmd]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default=str(ROOT / "runs" / "smollm2"),
+                    help="finished training run (drafter/, report.json)")
+    ap.add_argument("--target", default=str(ROOT / "models" / "smollm2"), help="the target's model directory")
+    ap.add_argument("--drafter", default=None, help="the drafter whose cost is timed (default: the run's export; "
+                    "its weights do not change the time, its shape does)")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="cost model dtypes")
+    ap.add_argument("--context", type=int, default=256, help="tokens in the KV cache while a step is timed")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the cost timing (default: torch's; 1 where other work oversubscribes)")
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 7], help="num_speculative_tokens to sweep")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--serve-dtype", default="bfloat16", help="the dtype vLLM serves in")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--max-prompts", type=int, default=16, help="held-out prompts served in every cell")
+    ap.add_argument("--no-sweep", action="store_true", help="the cost model only")
+    ap.add_argument("--no-cost", action="store_true", help="the sweep only (the cost model kept from --out)")
+    ap.add_argument("--note", default="")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speedup-cpu.json"))
+    a = ap.parse_args(argv)
+    run_dir, target, t0 = Path(a.run).resolve(), Path(a.target).resolve(), time.perf_counter()
+    prev = json.loads(Path(a.out).read_text()) if a.no_cost and Path(a.out).exists() else {}
+    tcfg = json.loads((target / "config.json").read_text())
+    trained = run_summary(run_dir)
+    out = {"bench": "speedup", "when": now_iso(), "host": platform.node(), "cpus": os.cpu_count(),
+           "target": {"path": str(a.target), **{k: tcfg.get(k) for k in (
+               "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "vocab_size")}},
+           "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
+           "cost_model": prev.get("cost_model", {})}
+    pp = trained["per_position"] or []
+    if not a.no_cost:
+        for dt in a.dtypes:
+            out["cost_model"][dt] = cost_model(run_dir, target, Path(a.drafter or run_dir / "drafter"), dt, a.context,
+                                               a.repeats, a.threads)
+            write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
+    for dt, costs in out["cost_model"].items():   # from the trained drafter's acceptance, whenever the costs were timed
+        costs["predicted"] = predict(costs, pp, range(1, len(pp) + 1))   # every k the block allows
+        for p in costs["predicted"]:
+            print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
+                  f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)
+    if not a.no_sweep:
+        with tempfile.TemporaryDirectory(prefix="dflash_nb-speedup-") as tmp:
+            out["load_sweep_start"] = load()
+            sw, cmd = sweep(run_dir, target, a.k, a.batch, a.serve_dtype, a.max_new_tokens, a.max_prompts,
+                            Path(tmp), a.threads)
+        out["sweep"], out["sweep_command"] = sw, cmd
+        pred = {p["k"]: p for p in out["cost_model"].get(a.serve_dtype, {}).get("predicted", [])}
+        for c in sw["cells"]:
+            if c["k"] in pred: c["predicted_speedup"] = pred[c["k"]]["predicted_speedup"]
+        out["best"] = sw["best"]
+        b = sw["best"]
+        print(f"best cell: k {b['k']}, batch {b['batch']}: {b['plain_tokens_per_s']:.1f} -> {b['tokens_per_s']:.1f} "
+              f"tok/s = {b['speedup']:.2f}x (τ {b['tau']:.3f})")
+    out["load_end"], out["wall_s"] = load(), round(time.perf_counter() - t0, 1)
+    print("wrote", write_json(a.out, out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
