@@ -52,7 +52,7 @@ def main():
                 shutil.rmtree(Path(scratch) / f"{env}-{installer}-warm-up")
             times["pip_over_uv"] = round(times["pip"] / times["uv"], 2)
             result["envs"][env] = times
-            print(f"{env:8s} pip {times['pip']:7.1f} s   uv {times['uv']:6.1f} s   pip / uv {times['pip_over_uv']:.2f}x")
+            print(f"{env:8s} pip {times['pip']:7.1f} s  uv {times['uv']:6.1f} s  pip / uv {times['pip_over_uv']:.2f}x")
     result.update(load_after=os.getloadavg(), finished=now_iso())
     write_json(args.out, result)
 
