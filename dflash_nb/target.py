@@ -248,8 +248,8 @@ def _linear_attention_module(model: nn.Module):
 # %% ../nbs/07a_target.ipynb #b0ff51ec
 def _closure_cells(fn) -> dict:
     "The variables a function closed over, by name ({} for anything without a closure)."
-    closure = getattr(fn, "__closure__", None) or ()
-    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in closure)))
+    closure = getattr(fn, "__closure__", None)
+    return dict(zip(fn.__code__.co_freevars, (cell.cell_contents for cell in closure))) if closure else {}
 
 def _unwrap_func_module(fn):
     "The function inside a kernels `Func` module (HF's `kernels` installed, as transformers >= 5.25 needs), else `fn`."
