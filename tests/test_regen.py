@@ -5,14 +5,15 @@ Qwen3 target with head_dim 64 (vLLM's CPU attention refuses the other tests' 16)
 start on the 2-core machine, so the two vLLM commands (`dflash-regen --engine vllm`, `dflash-train ...
 regenerate.engine=vllm`) are started together when the module's first test asks for them, and the HF work and the
 cheap tests run while they do."""
-import contextlib, io, json, os, shutil, signal, subprocess, sys, time
+import json, os, shutil, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest
 
+from _regen_common import run_main, shards
 from _serving_common import write_served_target
 from dflash_nb.records import DataConfig, load_tokenizer
-from dflash_nb.regen import MANIFEST, main, read_prompts, regenerate
+from dflash_nb.regen import MANIFEST, read_prompts, regenerate
 from dflash_nb.train import demo_data_dir
 
 BIN = Path(sys.executable).parent
@@ -29,18 +30,6 @@ TRAIN = [f"train.target.tiny={TINY}", "regenerate.max_prompts=12", "regenerate.h
 def regen_args(target, out, *more, prompts=PROMPTS, tokens=NEW_TOKENS):
     return ["--target", str(target), "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", tokens,
             "--shard-size", "50", *more, "enable_thinking=false"]
-
-
-def run_main(*argv) -> tuple[int, str, str]:
-    "`dflash-regen` in this process: (exit status, stdout, stderr)."
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(map(str, argv)))
-    return rc, out.getvalue(), err.getvalue()
-
-
-def shards(out) -> dict:
-    return {f.name: f.read_bytes() for f in sorted(Path(out).glob("shard-*.jsonl"))}
 
 
 def counts(out) -> dict:

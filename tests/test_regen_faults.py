@@ -2,30 +2,19 @@
 
 The HF tests run the console script (or `main` in this process) on the servable tiny target of `_serving_common`, 8
 bundled prompts in shards of one, 12 new tokens. The vLLM tests start the real worker in the serving environment."""
-import contextlib, io, json, os, random, shutil, signal, subprocess, sys, tempfile, threading, time
+import json, os, random, shutil, signal, subprocess, sys, tempfile, threading, time
 from pathlib import Path
 
 import pytest
 
+from _regen_common import run_main, shards
 from _serving_common import write_served_target
-from dflash_nb.regen import LOCK, MANIFEST, main
+from dflash_nb.regen import LOCK, MANIFEST
 from dflash_nb.train import demo_data_dir
 from dflash_nb.vllm_worker import group_members, shm_files
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_PROGRESS": "off"}
-
-
-def run_main(*argv) -> tuple[int, str, str]:
-    "`dflash-regen` in this process: (exit status, stdout, stderr)."
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(list(map(str, argv)))
-    return rc, out.getvalue(), err.getvalue()
-
-
-def shards(out) -> dict:
-    return {f.name: f.read_bytes() for f in sorted(Path(out).glob("shard-*.jsonl"))}
 
 
 def hidden(out) -> list:
