@@ -4,7 +4,7 @@
 
 # %% ../nbs/01f_vllm_worker.ipynb #01310d27
 from __future__ import annotations
-import contextlib, json, os, shutil, signal, sys, threading, time
+import contextlib, json, os, shutil, signal, sys, threading, time, traceback
 from pathlib import Path
 
 # %% auto #0
@@ -212,4 +212,8 @@ def main() -> int:
 
 # %% ../nbs/01f_vllm_worker.ipynb #45165efc
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    end_group(rc=main())  # the OS frees the engine at once (vLLM's own teardown takes ~10 s here), the group with it
+    try: rc = main()
+    except BaseException:   # a reply to a parent that is gone (a broken pipe) among them: say it, end as below
+        traceback.print_exc()
+        rc = 3
+    end_group(os.environ.get(TMP_ENV), rc)  # the OS frees the engine at once (vLLM's teardown takes ~10 s here)
