@@ -10,9 +10,9 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'patch', 'ExpectedError', 'ConfigError', 'opt',
-           'parse_document', 'read_document', 'from_dict', 'validate_config', 'to_dict', 'parse_override',
+           'parse_document', 'read_document', 'validate_config', 'from_dict', 'to_dict', 'parse_override',
            'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
-           'disk_full', 'run_cli', 'CliParser', 'Terminated', 'exit_after', 'disarm_watchdogs', 'sigterm_raises',
+           'disk_full', 'Terminated', 'sigterm_raises', 'exit_after', 'disarm_watchdogs', 'run_cli', 'CliParser',
            'scratch_dir', 'finite_json']
 
 # %% ../nbs/00a_config.ipynb #ed2cd3ad
@@ -109,21 +109,6 @@ def _type_name(tp) -> str:
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
-# %% ../nbs/00a_config.ipynb #7478c011
-def _coerce_union(value, tp, key: str):
-    "`value` as the first member of the union `tp` that takes it; None only where the union allows it."
-    args = typing.get_args(tp)
-    if value is None and type(None) in args:
-        return None
-    for a in args:
-        if a is type(None):
-            continue
-        try:
-            return _coerce(value, a, key)
-        except ConfigError:
-            pass
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-
 # %% ../nbs/00a_config.ipynb #a5440995
 def _coerce_literal(value, args: tuple, key: str):
     "`value` as one of the `Literal` choices `args`."
@@ -204,6 +189,20 @@ def _coerce(value, tp, key: str):
         return dict(value)
     return _coerce_scalar(value, tp, key)
 
+def _coerce_union(value, tp, key: str):
+    "`value` as the first member of the union `tp` that takes it; None only where the union allows it."
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a, key)
+        except ConfigError:
+            pass
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+
 # %% ../nbs/00a_config.ipynb #abcc19cd
 def _did_you_mean(word, choices) -> str:
     "' — did you mean X?' for the closest of `choices` to a mistyped `word`; '' when none is close."
@@ -211,21 +210,6 @@ def _did_you_mean(word, choices) -> str:
 
     close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" — did you mean {close[0]}?" if close else ""
-
-# %% ../nbs/00a_config.ipynb #8144e601
-def from_dict(cls, data: dict | None, prefix: str = ""):
-    "Build dataclass `cls` from `data`; an unknown key, a wrong type or a value out of range: `ConfigError` naming it."
-    data = dict(data or {})
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in fields(cls) if f.init}
-    unknown = sorted(set(data) - known, key=str)
-    if unknown:
-        raise ConfigError(
-            f"unknown config key {prefix}{unknown[0]!s}{_did_you_mean(unknown[0], known)} "
-            f"(known keys of {cls.__name__}: {', '.join(sorted(known))})"
-        )
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
-    return validate_config(cls(**kwargs), prefix)
 
 # %% ../nbs/00a_config.ipynb #4ea21178
 def _out_of_range(x, m: dict) -> str | None:
@@ -296,6 +280,21 @@ def validate_config(cfg, prefix: str = ""):
             raise ConfigError(f"{key}: {why}, got {v!r}")
     return cfg
 
+# %% ../nbs/00a_config.ipynb #8144e601
+def from_dict(cls, data: dict | None, prefix: str = ""):
+    "Build dataclass `cls` from `data`; an unknown key, a wrong type or a value out of range: `ConfigError` naming it."
+    data = dict(data or {})
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(data) - known, key=str)
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]!s}{_did_you_mean(unknown[0], known)} "
+            f"(known keys of {cls.__name__}: {', '.join(sorted(known))})"
+        )
+    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
+    return validate_config(cls(**kwargs), prefix)
+
 # %% ../nbs/00a_config.ipynb #281d0ddb
 def to_dict(cfg) -> dict:
     "Plain (YAML-safe) dict of a dataclass config, recursively."
@@ -364,7 +363,6 @@ def load_config(cls, path=None, overrides=()):
         if not isinstance(data, dict): raise ConfigError(f"config file {path} must hold a mapping at the top level")
     return from_dict(cls, apply_overrides(data, overrides))
 
-# %% ../nbs/00a_config.ipynb #0d805dd6
 def save_config(cfg, path) -> Path:
     "Write `cfg` as YAML to `path` (what a run directory keeps of its config)."
     path = Path(path)
@@ -492,6 +490,56 @@ def disk_full(err: BaseException) -> bool:
         err = err.__cause__ or err.__context__
     return False
 
+# %% ../nbs/00a_config.ipynb #5f717655
+class Terminated(BaseException):
+    "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
+
+_OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
+
+def _on_sigterm(signum, frame):
+    import os, signal
+    if _OWNER and _OWNER[-1] != os.getpid():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    exit_after(SIGTERM_GRACE_S, "SIGTERM")
+    raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
+
+@contextlib.contextmanager
+def sigterm_raises():
+    "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
+    import signal, threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import os
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    _OWNER.append(os.getpid())
+    try: yield
+    finally:
+        _OWNER.pop()
+        signal.signal(signal.SIGTERM, old)
+
+# %% ../nbs/00a_config.ipynb #cfa5bc08
+SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
+
+_WATCHDOGS = []   # the armed watchdogs' stop events
+
+def exit_after(grace: float, why: str):
+    "A daemon thread that ends the process (exit 143) after `grace` seconds: stopping must not wait on a stuck call."
+    import os, threading
+    stop = threading.Event()
+    def watchdog():
+        if stop.wait(grace): return          # the command unwound in time
+        print(f"{why}; still running {grace:.0f}s after SIGTERM: exiting now", file=sys.stderr, flush=True)
+        os._exit(143)
+    _WATCHDOGS.append(stop)
+    threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
+
+def disarm_watchdogs():
+    "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
+    while _WATCHDOGS: _WATCHDOGS.pop().set()
+
 # %% ../nbs/00a_config.ipynb #2c84c6dc
 def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
     """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
@@ -541,57 +589,6 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ConfigError(f"{message} (see --help)")
-
-# %% ../nbs/00a_config.ipynb #5f717655
-class Terminated(BaseException):
-    "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
-
-# %% ../nbs/00a_config.ipynb #cfa5bc08
-SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
-
-_WATCHDOGS = []   # the armed watchdogs' stop events
-
-def exit_after(grace: float, why: str):
-    "A daemon thread that ends the process (exit 143) after `grace` seconds: stopping must not wait on a stuck call."
-    import os, threading
-    stop = threading.Event()
-    def watchdog():
-        if stop.wait(grace): return          # the command unwound in time
-        print(f"{why}; still running {grace:.0f}s after SIGTERM: exiting now", file=sys.stderr, flush=True)
-        os._exit(143)
-    _WATCHDOGS.append(stop)
-    threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
-
-def disarm_watchdogs():
-    "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
-    while _WATCHDOGS: _WATCHDOGS.pop().set()
-
-# %% ../nbs/00a_config.ipynb #f8d69d56
-_OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
-
-def _on_sigterm(signum, frame):
-    import os, signal
-    if _OWNER and _OWNER[-1] != os.getpid():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    exit_after(SIGTERM_GRACE_S, "SIGTERM")
-    raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
-
-@contextlib.contextmanager
-def sigterm_raises():
-    "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
-    import signal, threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    import os
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
-    _OWNER.append(os.getpid())
-    try: yield
-    finally:
-        _OWNER.pop()
-        signal.signal(signal.SIGTERM, old)
 
 # %% ../nbs/00a_config.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:
