@@ -19,7 +19,6 @@ def fsync_file(path):
     "Flush the bytes of file `path` to the disk."
     with open(path, "rb") as f: os.fsync(f.fileno())
 
-# %% ../nbs/00b_storage.ipynb #e29605f5
 def fsync_dir(path) -> bool:
     "Make new names and renames in directory `path` durable (a directory entry is data of the directory); False if not."
     try: fd = os.open(path, os.O_RDONLY)
@@ -108,7 +107,6 @@ def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, 
 class UnsafePathError(ExpectedError, ValueError):
     "A name leading outside its directory, or a path that is not the regular file (or directory) it must be."
 
-# %% ../nbs/00b_storage.ipynb #0f14a292
 def plain_name(name, where: str) -> str:   # where: the file the name was read from, for the message
     "`name` if it is one plain path component (a string; no separator, not `.`/`..`, no NUL), else UnsafePathError."
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
