@@ -89,7 +89,6 @@ def rate(self: Progress) -> Optional[float]:
     dt = time.perf_counter() - self.t_warm
     return (self.n - self.n_warm) / dt if dt > 0 else None
 
-# %% ../nbs/00c_progress.ipynb #dc0bc8e4
 @patch
 def eta(self: Progress) -> Optional[float]:
     "Seconds left at the measured rate; None while unmeasured or when the total is unknown."
