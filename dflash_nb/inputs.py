@@ -113,7 +113,6 @@ def _s3(cfg: DataConfig):
     "The process's S3 client for `cfg` (chapter 00b_storage), with `cfg.s3_retries` retries, shared by every reader."
     return s3_client(cfg.s3_endpoint_url, retries=cfg.s3_retries, reuse=True)
 
-# %% ../nbs/01b_inputs.ipynb #0721b7d8
 def _s3_keys(client, bucket: str, prefix: str, page_size: int):
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix,
                                                                  PaginationConfig={"PageSize": page_size}):
