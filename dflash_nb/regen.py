@@ -19,7 +19,7 @@ __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionChec
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
            'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
            'totals', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
-           'auto_dtype', 'open_engine', 'main', 'serving_errors', 'cli', 'run_settings', 'summary']
+           'auto_dtype', 'open_engine', 'main', 'cli', 'serving_errors', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -40,6 +40,14 @@ def read_prompts(path) -> list[list[dict]]:
 def _first_diff(a: list, b: list) -> int:
     "Index of the first position where `a` and `b` differ (the shorter length when one is a prefix of the other)."
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+# %% ../nbs/01h_regen.ipynb #98b1e9a3
+def _assistant(text: str) -> dict:
+    "The assistant turn as the template reads it: reasoning the target wrote in <think>…</think> apart from the answer."
+    from dflash_nb.records import split_think
+    reasoning, content = split_think(text)
+    if reasoning is None: return {"role": "assistant", "content": text}
+    return {"role": "assistant", "reasoning_content": reasoning, "content": content}
 
 # %% ../nbs/01h_regen.ipynb #423ba015
 @torch.inference_mode()
@@ -67,14 +75,6 @@ def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], g
         if n == len(gen) and span[n:] == eot: return text, n
         gen = gen[:min(n, len(gen) - 1)]
     return "", 0
-
-# %% ../nbs/01h_regen.ipynb #98b1e9a3
-def _assistant(text: str) -> dict:
-    "The assistant turn as the template reads it: reasoning the target wrote in <think>…</think> apart from the answer."
-    from dflash_nb.records import split_think
-    reasoning, content = split_think(text)
-    if reasoning is None: return {"role": "assistant", "content": text}
-    return {"role": "assistant", "reasoning_content": reasoning, "content": content}
 
 # %% ../nbs/01h_regen.ipynb #862394cc
 @contextlib.contextmanager
@@ -111,7 +111,6 @@ class CompletionCheck:
         text = self.renderer.render(msgs, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-# %% ../nbs/01h_regen.ipynb #c7c1b286
 def _record(self, msgs: list[dict], prompt_ids: list[int], gen: list[int],
             verify=None) -> tuple[dict, dict]:   # verify: a target whose batch-1 argmax the tokens must be
     "(chat record, counts) of one completion: cut at its end token, where `verify` disagrees, where text differs."
@@ -180,7 +179,6 @@ class HFEngine:
                                                stop_token_ids)): outs[i] = row
         return {"outputs": outs, "seconds": time.perf_counter() - t0}
 
-# %% ../nbs/01h_regen.ipynb #d3ad525d
 @torch.inference_mode()
 def _hf_batch(self, prompts, max_new_tokens, temperature, top_p, top_k, stop_token_ids) -> list[list[int]]:
     "One left-padded `generate` call; the ids each row got after its prompt."
@@ -248,6 +246,16 @@ def prompts_sha(convs) -> str:
     for m in convs: h.update(json.dumps(m, sort_keys=True, ensure_ascii=False).encode() + b"\n")
     return h.hexdigest()
 
+# %% ../nbs/01h_regen.ipynb #70a267c5
+def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
+    "The manifest in `out_dir` (None: there is none); one that is not this program's is refused."
+    try: have = json.loads((out_dir / MANIFEST).read_text())
+    except FileNotFoundError: return None
+    except ValueError as e: raise ConfigError(f"{out_dir / MANIFEST}: not valid JSON ({e}); --replace starts over")
+    if not isinstance(have, dict) or not isinstance(have.get("shards"), dict):
+        raise ConfigError(f"{out_dir / MANIFEST}: not a manifest of this program; --replace starts over")
+    return have
+
 # %% ../nbs/01h_regen.ipynb #fa2171e7
 def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False,
                   part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
@@ -271,16 +279,6 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     if have is not None and not replace: return have
     out_dir.mkdir(parents=True, exist_ok=True)
     return dict(want, shards={})
-
-# %% ../nbs/01h_regen.ipynb #70a267c5
-def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
-    "The manifest in `out_dir` (None: there is none); one that is not this program's is refused."
-    try: have = json.loads((out_dir / MANIFEST).read_text())
-    except FileNotFoundError: return None
-    except ValueError as e: raise ConfigError(f"{out_dir / MANIFEST}: not valid JSON ({e}); --replace starts over")
-    if not isinstance(have, dict) or not isinstance(have.get("shards"), dict):
-        raise ConfigError(f"{out_dir / MANIFEST}: not a manifest of this program; --replace starts over")
-    return have
 
 # %% ../nbs/01h_regen.ipynb #a64c6a29
 def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man: dict, max_new_tokens: int,
@@ -492,7 +490,6 @@ def merge_parts(parts, out) -> dict:
                           "the parts that own them and merge again")
     return _write_merged(mans, files, check_out_dir(out))
 
-# %% ../nbs/01h_regen.ipynb #b1a5257c
 def _write_merged(mans, files: dict, out: Path) -> dict:
     from dflash_nb.storage import atomic_write_bytes
     out.mkdir(parents=True, exist_ok=True)
@@ -536,16 +533,15 @@ def main(argv=None) -> int:
     from dflash_nb.prompts import PromptFileError
     return run_cli(_main, argv, prog="dflash_nb.regen", expected=(PromptFileError, *serving_errors()))
 
+def cli():
+    "Console script `dflash-regen` (`python -m dflash_nb.regen`); `main` returns `run_cli`'s exit code."
+    sys.exit(main())
+
 # %% ../nbs/01h_regen.ipynb #d89cba54
 def serving_errors() -> tuple:
     "The serving bridge's failures, which a command reports as one line (no vLLM environment, a refused model, ...)."
     from dflash_nb.serving import ServingError, ServingUnavailable
     return (ServingError, ServingUnavailable)
-
-# %% ../nbs/01h_regen.ipynb #c4b97e2d
-def cli():
-    "Console script `dflash-regen` (`python -m dflash_nb.regen`); `main` returns `run_cli`'s exit code."
-    sys.exit(main())
 
 # %% ../nbs/01h_regen.ipynb #04adc050
 def _parser():
