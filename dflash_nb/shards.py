@@ -257,7 +257,6 @@ def format_audit(a: dict, title: str = "data audit") -> str:
 class DataAuditError(ExpectedError, RuntimeError):
     "The tokenized data set failed its audit (too many degenerate, malformed or dropped samples)."
 
-# %% ../nbs/01c_shards.ipynb #766fdd41
 class CorruptFileError(ExpectedError, ValueError):
     "A shard or manifest that cannot be read (the message names it)."
 
@@ -650,7 +649,6 @@ def load_manifest(out_dir) -> dict:
 class DataMismatchError(ExpectedError, ValueError):
     "The data set was made with another tokenizer or chat template than the one it is used with."
 
-# %% ../nbs/01c_shards.ipynb #9a3b60b8
 def check_template(
     manifest: dict,  # the data set's manifest.json
     tokenizer,       # the target's tokenizer
