@@ -67,20 +67,6 @@ def dense_mask(self: AnchorBlockLayout, window: int | None = None, causal_in_blo
         ),
     )
 
-# %% ../nbs/04a_attention.ipynb #b53412ec
-@patch
-def block_mask(self: AnchorBlockLayout, window: int | None = None, causal_in_block: bool = False):
-    "flex_attention BlockMask of this kind (built once, from the cached context ranges)."
-
-    def build():
-        cs, ce = self.context_ranges(window)
-        mm = anchor_block_mask_mod(self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block)
-        return block_mask_from_ranges(
-            cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size, window
-        )
-
-    return self._get(("block_mask", window, causal_in_block), build)
-
 # %% ../nbs/04a_attention.ipynb #3a2023d0
 @patch
 def context_ranges(self: AnchorBlockLayout, window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +83,20 @@ def context_ranges(self: AnchorBlockLayout, window: int | None = None) -> tuple[
             check=self.doc_ids.device.type == "cpu",
         ),
     )
+
+# %% ../nbs/04a_attention.ipynb #b53412ec
+@patch
+def block_mask(self: AnchorBlockLayout, window: int | None = None, causal_in_block: bool = False):
+    "flex_attention BlockMask of this kind (built once, from the cached context ranges)."
+
+    def build():
+        cs, ce = self.context_ranges(window)
+        mm = anchor_block_mask_mod(self.anchors, self.keep, self.doc_ids, self.block_size, window, causal_in_block)
+        return block_mask_from_ranges(
+            cs, ce, self.S, self.block_size, causal_in_block, mm, self.flex_block_size, window
+        )
+
+    return self._get(("block_mask", window, causal_in_block), build)
 
 # %% ../nbs/04a_attention.ipynb #41ff6173
 def reference_anchor_attention(q: torch.Tensor,     # (1, H, N·B, D)

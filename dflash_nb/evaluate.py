@@ -55,28 +55,6 @@ def show_drafts(
         out.append(head + "\n" + format_drafts(r, decode, color))
     return "\n".join(out)
 
-# %% ../nbs/09b_evaluate.ipynb #23981b5d
-def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
-    "`--show-drafts N`: the first N held-out prompts (--data) or prompts of the first file (--prompts), drafts marked."
-    tok = _tokenizer_for(args.target, args.tokenizer)
-    if convs:
-        prompts = render_prompts(next(iter(convs.values()))[: args.show_drafts], tok, chat_template_kwargs=chat_kwargs)
-        budgets = [args.max_new_tokens or 256] * len(prompts)
-    else:
-        from dflash_nb.shards import read_shards
-        ds, prompts, budgets = read_shards(args.data), [], []
-        for i in range(len(ds)):
-            if len(prompts) == args.show_drafts: break
-            st, en = generated_span(ds[i]["loss_mask"])
-            if st < 1 or en - st < 2: continue
-            prompts.append(torch.tensor(ds[i]["input_ids"][:st]))
-            budgets.append(min(en - st, args.max_new_tokens or en - st))
-    T = float(args.temperature[0])
-    text = show_drafts(drafter, model, prompts, budgets, tok.decode, B, temperature=T, seed=args.seed,
-                       stop_token_ids=_stop_ids(model, tok), backend=args.backend, top_p=args.top_p, top_k=args.top_k)
-    print(f"drafts at temperature {T:g}: each cycle's accepted drafts in [brackets], the target's tokens bare\n{text}")
-    return text
-
 # %% ../nbs/09b_evaluate.ipynb #65a199d0
 def compare_decoding(
     drafter,               # DFlashDrafter or a proposer
@@ -491,6 +469,19 @@ def check_vllm_args(args):
         check_sweep(args.num_speculative_tokens, args.batch_size, args.drafter)
 
 
+# %% ../nbs/09b_evaluate.ipynb #87e4fa80
+def _served_cell(g: dict, s: dict, spec: dict, T: float) -> dict:
+    "One table cell from vLLM: `g` plain and `s` speculative generate results, `spec` the counters of `s`."
+    from dflash_nb.serving import acceptance_length
+    n_g, n_s = sum(map(len, g["outputs"])), sum(map(len, s["outputs"]))
+    rate_g, rate_s = n_g / max(g["seconds"], 1e-9), n_s / max(s["seconds"], 1e-9)
+    return dict(tau=acceptance_length(spec), drafts=spec["drafts"], accepted=spec["accepted"],
+                accepted_per_pos=spec["accepted_per_pos"],
+                per_position=[c / spec["drafts"] if spec["drafts"] else float("nan") for c in spec["accepted_per_pos"]],
+                identical=sum(a == b for a, b in zip(g["outputs"], s["outputs"])) if T == 0 else None,
+                prompts=len(s["outputs"]), tokens=n_s, tokens_per_s=rate_s, plain_tokens_per_s=rate_g,
+                speedup=rate_s / rate_g if rate_g else float("nan"))
+
 # %% ../nbs/09b_evaluate.ipynb #41dc38b2
 def _start_engines(target_dir, drafter_dir, num_speculative_tokens, **kw):
     "The plain and the speculative engine, started at once (most of a start is importing vLLM)."
@@ -504,19 +495,6 @@ def _start_engines(target_dir, drafter_dir, num_speculative_tokens, **kw):
         if e is None and any(errors): f.result().close()
     if any(errors): raise next(e for e in errors if e)
     return [f.result() for f in futs]
-
-# %% ../nbs/09b_evaluate.ipynb #87e4fa80
-def _served_cell(g: dict, s: dict, spec: dict, T: float) -> dict:
-    "One table cell from vLLM: `g` plain and `s` speculative generate results, `spec` the counters of `s`."
-    from dflash_nb.serving import acceptance_length
-    n_g, n_s = sum(map(len, g["outputs"])), sum(map(len, s["outputs"]))
-    rate_g, rate_s = n_g / max(g["seconds"], 1e-9), n_s / max(s["seconds"], 1e-9)
-    return dict(tau=acceptance_length(spec), drafts=spec["drafts"], accepted=spec["accepted"],
-                accepted_per_pos=spec["accepted_per_pos"],
-                per_position=[c / spec["drafts"] if spec["drafts"] else float("nan") for c in spec["accepted_per_pos"]],
-                identical=sum(a == b for a, b in zip(g["outputs"], s["outputs"])) if T == 0 else None,
-                prompts=len(s["outputs"]), tokens=n_s, tokens_per_s=rate_s, plain_tokens_per_s=rate_g,
-                speedup=rate_s / rate_g if rate_g else float("nan"))
 
 # %% ../nbs/09b_evaluate.ipynb #36974090
 def serve_prompt_sets(
@@ -548,6 +526,20 @@ def serve_prompt_sets(
     finally:
         plain.close()
         spec.close()
+
+# %% ../nbs/09b_evaluate.ipynb #ea2c2b15
+def _add_served(args, sets, rendered, B, stop, n_new):
+    "`--engine vllm`: vLLM's figures into every cell of `sets`, and its two tables printed."
+    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
+    served = serve_prompt_sets(args.target, args.drafter, rendered, args.temperature, n_new, stop, args.top_p,
+                               args.top_k, B - 1 if args.block_size else None, dtype)
+    for name, s in sets.items():
+        for T, r in s.items():
+            r.update(vllm=served[name][T], vllm_tau=served[name][T]["tau"], vllm_speedup=served[name][T]["speedup"])
+    print("vLLM, the same prompts (first turns) as token ids: τ from its counters")
+    print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
+    print("vLLM output tokens/s with the drafter / without it")
+    print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
 
 # %% ../nbs/09b_evaluate.ipynb #b25dcb22
 def _generate_batched(engine, prompts: list, batch: int, max_new_tokens: int, **gen) -> dict:
@@ -645,102 +637,6 @@ def serve_sweep(
     return dict(cells=cells, best=best, recommended_k=best["k"], dtype=dtype, max_new_tokens=max_new_tokens,
                 prompts=len(ps), ks=list(ks), batch_sizes=list(batch_sizes))
 
-# %% ../nbs/09b_evaluate.ipynb #808ce669
-def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
-    tok = _tokenizer_for(args.target, args.tokenizer)
-    stop, n_new = _stop_ids(model, tok), args.max_new_tokens or 256
-    sets, rendered = {}, {}
-    for name, pf in convs.items():
-        how = "told from its fields" if pf.detected else "named"
-        print(
-            f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
-            + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "")
-            + f" from {pf.path}"
-        )
-    for name, pf in convs.items():
-        rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
-        sets[name] = prompt_set_tau(
-            drafter,
-            model,
-            rendered[name],
-            args.temperature,
-            n_new,
-            B,
-            stop_token_ids=stop,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            backend=args.backend,
-        )
-    print(
-        f"τ, block size {B}, at most {n_new} new tokens per prompt"
-        + (f", top-p {args.top_p}" if args.top_p < 1 else "")
-        + (f", top-k {args.top_k}" if args.top_k else "")
-    )
-    print(format_tau_table(sets, args.temperature))
-    if args.engine == "vllm":
-        _add_served(args, sets, rendered, B, stop, n_new)
-    out = dict(
-        block_size=B,
-        max_new_tokens=n_new,
-        temperatures=[float(T) for T in args.temperature],
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        chat_template_kwargs=kwargs,
-    )
-    out["prompt_files"] = {
-        n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf), turns=pf.turns)
-        for n, pf in convs.items()
-    }
-    if args.speedup:
-        costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=args.backend)
-        for s in sets.values():
-            for r in s.values():
-                r["expected_speedup"] = expected_speedup(r["tau"], costs)
-        out["forward_costs"] = costs
-        print(_costs_line(costs))
-        print(format_tau_table(sets, args.temperature, "expected_speedup", "speed-up", ".2f"))
-    if args.measure_speedup:
-        for name, s in sets.items():
-            for T, r in s.items():
-                firsts = _first_turns(rendered[name][: args.measure_speedup])
-                r["measured"] = compare_decoding(
-                    drafter,
-                    model,
-                    firsts,
-                    n_new,
-                    B,
-                    stop_token_ids=stop,
-                    backend=args.backend,
-                    temperature=T,
-                    top_p=args.top_p,
-                    top_k=args.top_k,
-                    seed=args.seed,
-                )
-                r["measured_speedup"] = r["measured"]["speedup"]
-        print(
-            f"measured: speculative loop vs plain decoding on the first {args.measure_speedup} prompts of each file "
-            "(first turns)"
-        )
-        print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
-    out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
-    return out
-
-# %% ../nbs/09b_evaluate.ipynb #ea2c2b15
-def _add_served(args, sets, rendered, B, stop, n_new):
-    "`--engine vllm`: vLLM's figures into every cell of `sets`, and its two tables printed."
-    dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
-    served = serve_prompt_sets(args.target, args.drafter, rendered, args.temperature, n_new, stop, args.top_p,
-                               args.top_k, B - 1 if args.block_size else None, dtype)
-    for name, s in sets.items():
-        for T, r in s.items():
-            r.update(vllm=served[name][T], vllm_tau=served[name][T]["tau"], vllm_speedup=served[name][T]["speedup"])
-    print("vLLM, the same prompts (first turns) as token ids: τ from its counters")
-    print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
-    print("vLLM output tokens/s with the drafter / without it")
-    print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
-
 # %% ../nbs/09b_evaluate.ipynb #ec73e048
 def _add_sweep(args, rendered, stop, n_new) -> dict:
     "`--num-speculative-tokens` / `--batch-size`: the sweep on the first prompt file, its table and the best k."
@@ -777,6 +673,18 @@ def _costs_line(c: dict) -> str:
         "block "
         f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)"
     )
+
+# %% ../nbs/09b_evaluate.ipynb #bc0e49f1
+def cli():
+    "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
+    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
+    from dflash_nb.config import run_cli
+    from dflash_nb.serving import ServingError, ServingUnavailable
+
+    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
+    cli()
 
 # %% ../nbs/09b_evaluate.ipynb #d6001f23
 def _main_data(args, model, drafter, B) -> dict:
@@ -866,15 +774,106 @@ def _main_data(args, model, drafter, B) -> dict:
         )
     return res
 
-# %% ../nbs/09b_evaluate.ipynb #bc0e49f1
-def cli():
-    "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
-    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
-    from dflash_nb.config import run_cli
-    from dflash_nb.serving import ServingError, ServingUnavailable
+# %% ../nbs/09b_evaluate.ipynb #808ce669
+def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    stop, n_new = _stop_ids(model, tok), args.max_new_tokens or 256
+    sets, rendered = {}, {}
+    for name, pf in convs.items():
+        how = "told from its fields" if pf.detected else "named"
+        print(
+            f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
+            + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "")
+            + f" from {pf.path}"
+        )
+    for name, pf in convs.items():
+        rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
+        sets[name] = prompt_set_tau(
+            drafter,
+            model,
+            rendered[name],
+            args.temperature,
+            n_new,
+            B,
+            stop_token_ids=stop,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            backend=args.backend,
+        )
+    print(
+        f"τ, block size {B}, at most {n_new} new tokens per prompt"
+        + (f", top-p {args.top_p}" if args.top_p < 1 else "")
+        + (f", top-k {args.top_k}" if args.top_k else "")
+    )
+    print(format_tau_table(sets, args.temperature))
+    if args.engine == "vllm":
+        _add_served(args, sets, rendered, B, stop, n_new)
+    out = dict(
+        block_size=B,
+        max_new_tokens=n_new,
+        temperatures=[float(T) for T in args.temperature],
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        chat_template_kwargs=kwargs,
+    )
+    out["prompt_files"] = {
+        n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf), turns=pf.turns)
+        for n, pf in convs.items()
+    }
+    if args.speedup:
+        costs = forward_costs(drafter, model, _first_turns(next(iter(rendered.values())))[0], B, backend=args.backend)
+        for s in sets.values():
+            for r in s.values():
+                r["expected_speedup"] = expected_speedup(r["tau"], costs)
+        out["forward_costs"] = costs
+        print(_costs_line(costs))
+        print(format_tau_table(sets, args.temperature, "expected_speedup", "speed-up", ".2f"))
+    if args.measure_speedup:
+        for name, s in sets.items():
+            for T, r in s.items():
+                firsts = _first_turns(rendered[name][: args.measure_speedup])
+                r["measured"] = compare_decoding(
+                    drafter,
+                    model,
+                    firsts,
+                    n_new,
+                    B,
+                    stop_token_ids=stop,
+                    backend=args.backend,
+                    temperature=T,
+                    top_p=args.top_p,
+                    top_k=args.top_k,
+                    seed=args.seed,
+                )
+                r["measured_speedup"] = r["measured"]["speedup"]
+        print(
+            f"measured: speculative loop vs plain decoding on the first {args.measure_speedup} prompts of each file "
+            "(first turns)"
+        )
+        print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
+    out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
+    return out
 
-    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))
-
-# %% ../nbs/09b_evaluate.ipynb #a8defd74
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    cli()
+# %% ../nbs/09b_evaluate.ipynb #23981b5d
+def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
+    "`--show-drafts N`: the first N held-out prompts (--data) or prompts of the first file (--prompts), drafts marked."
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    if convs:
+        prompts = render_prompts(next(iter(convs.values()))[: args.show_drafts], tok, chat_template_kwargs=chat_kwargs)
+        budgets = [args.max_new_tokens or 256] * len(prompts)
+    else:
+        from dflash_nb.shards import read_shards
+        ds, prompts, budgets = read_shards(args.data), [], []
+        for i in range(len(ds)):
+            if len(prompts) == args.show_drafts: break
+            st, en = generated_span(ds[i]["loss_mask"])
+            if st < 1 or en - st < 2: continue
+            prompts.append(torch.tensor(ds[i]["input_ids"][:st]))
+            budgets.append(min(en - st, args.max_new_tokens or en - st))
+    T = float(args.temperature[0])
+    text = show_drafts(drafter, model, prompts, budgets, tok.decode, B, temperature=T, seed=args.seed,
+                       stop_token_ids=_stop_ids(model, tok), backend=args.backend, top_p=args.top_p, top_k=args.top_k)
+    print(f"drafts at temperature {T:g}: each cycle's accepted drafts in [brackets], the target's tokens bare\n{text}")
+    return text

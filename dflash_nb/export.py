@@ -14,7 +14,7 @@ from .model import SERVING_ARCH, serving_config, read_exported_config   # the se
 
 # %% auto #0
 __all__ = ['NonFiniteWeightsError', 'check_finite_weights', 'CorruptWeightsError', 'read_safetensors', 'write_modeling_code',
-           'serving_state_dict', 'check_export_dir', 'export_drafter', 'load_exported_drafter', 'check_drafter_fits',
+           'serving_state_dict', 'check_export_dir', 'export_drafter', 'check_drafter_fits', 'load_exported_drafter',
            'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'check_num_speculative_tokens',
            'write_num_speculative_tokens', 'vllm_serve_line', 'main', 'cli']
 
@@ -24,7 +24,6 @@ from .config import ExpectedError
 class NonFiniteWeightsError(ExpectedError, ValueError):
     "A tensor holding inf or nan, or values beyond the range of the dtype it is to be written in."
 
-# %% ../nbs/10_export.ipynb #49258ede
 def check_finite_weights(sd: dict, dtype: torch.dtype | None = None, source: str = "the drafter"):
     "Refuse (one line naming the tensor) a state dict with a non-finite value, or one that `dtype` cannot hold."
     for k, v in sd.items():
@@ -45,15 +44,12 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
-# %% ../nbs/10_export.ipynb #f4bac12e
-_FROZEN = ("embed_tokens", "lm_head")
-
+# %% ../nbs/10_export.ipynb #b5b83a40
 from .config import ExpectedError
 
 class CorruptWeightsError(ExpectedError, ValueError):
     "A weights file that is not a readable safetensors file (truncated, or something else under that name)."
 
-# %% ../nbs/10_export.ipynb #b5b83a40
 def read_safetensors(path) -> dict:
     "Tensors of a safetensors file (data only, never code); a file that is not one is an error naming it."
     from safetensors.torch import load_file
@@ -73,6 +69,8 @@ def write_modeling_code(out_dir) -> dict:
     return {"AutoModel": "modeling_dflash.DFlashDraftModel"}
 
 # %% ../nbs/10_export.ipynb #1d5250db
+_FROZEN = ("embed_tokens", "lm_head")
+
 def serving_state_dict(
     drafter_or_state,  # a DFlashDrafter, or its trainable_state_dict (optionally with a DDP `module.` prefix)
     dtype: torch.dtype | None = None,  # cast floating tensors (e.g. torch.bfloat16); None keeps them
@@ -169,6 +167,27 @@ def export_drafter(
         check_export_dir(out, True)   # still new, or a previous export holding only its own files: the swap deletes it
     return out
 
+# %% ../nbs/10_export.ipynb #06f7e8c2
+def check_drafter_fits(cfg,                     # the DrafterConfig about to be built
+                       device=None,             # where it is built (None: the CPU)
+                       block_size: int | None = None,  # the block it drafts (None: its own)
+                       blocks: int = 1,         # blocks drafted in one forward (evaluate's --chunk)
+                       what: str = "config.json"):   # the setting the figures come from, for the message
+    "Refuse (one line with the figures) a drafter whose weights and one draft forward cannot fit `device`'s memory."
+    from dflash_nb.build import available_bytes
+    from dflash_nb.config import ConfigError
+    device = torch.device(device or "cpu")
+    H, I, L, B = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, block_size or cfg.block_size
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    weights = 4 * (L * (2 * H * q + 2 * H * kv + 3 * H * I) + len(cfg.target_layer_ids) * H * H)
+    forward = 4 * blocks * B * ((cfg.vocab_size or 0) + 4 * H + 3 * I)      # logits and one layer's activations
+    need, have = weights + forward, available_bytes(device)
+    if need > have:
+        raise ConfigError(f"{what}: the drafter (num_hidden_layers={L}, hidden_size={H}, intermediate_size={I}) "
+                          f"drafting {blocks} block(s) of block_size={B} needs at least {need / 2**30:,.1f} GiB on "
+                          f"{device}, {have / 2**30:,.1f} GiB is available")
+
+
 # %% ../nbs/10_export.ipynb #08b4ccf2
 def _check_shapes(sd: dict, cfg):
     "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
@@ -212,27 +231,6 @@ def load_exported_drafter(
     drafter.to(device)
     for prm in drafter.parameters(): prm.data = prm.data.to(dtype)  # parameters only: RoPE's inv_freq stays fp32
     return drafter.eval()
-
-# %% ../nbs/10_export.ipynb #06f7e8c2
-def check_drafter_fits(cfg,                     # the DrafterConfig about to be built
-                       device=None,             # where it is built (None: the CPU)
-                       block_size: int | None = None,  # the block it drafts (None: its own)
-                       blocks: int = 1,         # blocks drafted in one forward (evaluate's --chunk)
-                       what: str = "config.json"):   # the setting the figures come from, for the message
-    "Refuse (one line with the figures) a drafter whose weights and one draft forward cannot fit `device`'s memory."
-    from dflash_nb.build import available_bytes
-    from dflash_nb.config import ConfigError
-    device = torch.device(device or "cpu")
-    H, I, L, B = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, block_size or cfg.block_size
-    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-    weights = 4 * (L * (2 * H * q + 2 * H * kv + 3 * H * I) + len(cfg.target_layer_ids) * H * H)
-    forward = 4 * blocks * B * ((cfg.vocab_size or 0) + 4 * H + 3 * I)      # logits and one layer's activations
-    need, have = weights + forward, available_bytes(device)
-    if need > have:
-        raise ConfigError(f"{what}: the drafter (num_hidden_layers={L}, hidden_size={H}, intermediate_size={I}) "
-                          f"drafting {blocks} block(s) of block_size={B} needs at least {need / 2**30:,.1f} GiB on "
-                          f"{device}, {have / 2**30:,.1f} GiB is available")
-
 
 # %% ../nbs/10_export.ipynb #0e2f2594
 def _target_hf_config(tc):
