@@ -25,6 +25,17 @@ def write_json(path, obj, indent: int = 1) -> Path:
     return path
 
 
+def run_child(cmd, **popen):
+    "Run `cmd` to its end: (exit status, wall seconds, the child's own rusage from os.wait4: CPU seconds, peak RSS)."
+    import os
+    import subprocess
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, **popen)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, time.perf_counter() - t0, usage
+
+
 def sync(dev):
     "Wait for the device (a no-op on CPU), so wall-clock intervals hold the device's work."
     import torch
