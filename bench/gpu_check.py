@@ -1,26 +1,10 @@
 """The steps of the short GPU check; `bench/gpu_check.sh` runs them in order under one time budget.
 
-    python bench/gpu_check.py STEP --out FILE [--deadline-s S] [--dry-run] [--sweep-iters N]
+    python bench/gpu_check.py STEP --out FILE [--deadline-s S] [--dry-run] [--backend B] [--peak-tflops X]
 
-STEP is one of
-  env       GPU, capability, versions of python/torch/triton/transformers, where dflash_nb and its kernels were
-            imported from, whether the optional fast paths (flash-linear-attention, causal-conv1d) and boto3 exist
-  parity    bf16 forward and dq/dk/dv of triton, flex (compiled) and sdpa against a float64 dense reference, at a
-            reduced shape, a narrow-window shape (W < B) and the flagship drafter shape, full and sliding layers
-  speed     forward and forward+backward time of the three backends at the flagship shape, useful TFLOP/s, and the
-            choice of the `auto` probe (`dflash_nb.attention.select_backend`)
-  sweep     the Triton kernel's candidate tile configs at the flagship shape (`dflash_nb.kernels.override_configs`)
-  pipeline  a Qwen3.6-architecture target of reduced depth (hybrid Gated DeltaNet + full attention at hidden 5120,
-            random weights) and the flagship drafter on one device: target time per row I, the trainer's own
-            train_step time T (default TrainConfig: D-PACE loss), pipelined time P, peak memory, the extrapolation
-            to the 64-layer target and T/I against anchors per row
-  target    the target's feature forward at Qwen3.6 width (reduced depth): padded buckets vs one packed forward per
-            row, with the linear-attention kernels as installed and with transformers' torch reference, and a dense
-            (Qwen3-code) stack of the same width; useful TFLOP/s (formula in gpu_flops.FLOP_FORMULA), % of the
-            device's bf16 peak (datasheet, and a matmul measured in the same step), packed = per-document features,
-            hours per epoch of 1.87B tokens on two pairs (from the hybrid's best path)
-  junit     turn the junit XML of `pytest -m gpu` into JSON
-  summary   merge the step records of the shell script with every step's JSON, write gpu_check.json, print the table
+STEP is env, parity, speed, sweep, pipeline or target (what each measures: the step list in bench/gpu_check.sh), junit
+(the junit XML of `pytest -m gpu` as JSON) or summary (the step records of the shell script merged with every step's
+JSON into gpu_check.json, and the table).
 
 The steps live in their own modules: gpu_attention.py (parity, speed, sweep), gpu_pipeline.py, gpu_target.py; FLOP
 accounting in gpu_flops.py, the random-weight targets in gpu_models.py, the one time plan in gpu_plan.py, the step
