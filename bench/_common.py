@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 
-
 def now_iso() -> str:
     "UTC now as 2026-01-31T12:00:00Z: the timestamp every bench JSON carries."
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -26,11 +25,44 @@ def write_json(path, obj, indent: int = 1) -> Path:
     return path
 
 
+def run_child(cmd, **popen):
+    "Run `cmd` to its end: (exit status, wall seconds, the child's own rusage from os.wait4: CPU seconds, peak RSS)."
+    import os
+    import subprocess
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, **popen)
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, time.perf_counter() - t0, usage
+
+
 def sync(dev):
     "Wait for the device (a no-op on CPU), so wall-clock intervals hold the device's work."
     import torch
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def best_seconds(fn, repeats: int, dev=None) -> float:
+    "The least wall seconds of `fn()` over `repeats` runs (device synchronised): the cost without interference."
+    best = float("inf")
+    for _ in range(repeats):
+        if dev is not None:
+            sync(dev)
+        t = time.perf_counter()
+        fn()
+        if dev is not None:
+            sync(dev)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def matmul_tflops(dev, n: int, dtype, repeats: int) -> float:
+    "The device's matmul rate measured here: (n x n) @ (n x n) in `dtype`, best of `repeats` after a warm-up."
+    import torch
+    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+    a @ b
+    return 2 * n ** 3 / best_seconds(lambda: a @ b, repeats, dev) / 1e12
 
 
 class Batches:

@@ -63,6 +63,30 @@ def packed_layout(device, seed=0, S=S_CTX, N=N_ANCHORS, B=BLOCK, docs=N_DOCS):
     return anchors.to(device), keep.to(device), doc_ids.to(device)
 
 
+def attention_inputs(dev, c, seed=0):
+    "A packed row (real anchor sampler), its AnchorBlockLayout, and bf16 q, k, v, dout of shape c (H, HKV, D, S, N, B)."
+    from dflash_nb.attention import AnchorBlockLayout
+    anchors, keep, doc_ids = packed_layout(dev, seed=seed, S=c["S"], N=c["N"], B=c["B"], docs=c["docs"])
+    layout = AnchorBlockLayout(anchors, keep, doc_ids, c["B"])
+    g = torch.Generator(device=dev).manual_seed(seed)
+    NB, KV = c["N"] * c["B"], c["S"] + c["N"] * c["B"]
+    random_heads = lambda h, n: torch.randn(1, h, n, c["D"], device=dev, generator=g, dtype=torch.bfloat16)  # noqa: E731
+    q, k = random_heads(c["H"], NB), random_heads(c["HKV"], KV)             # drawn in this order: q, k, v, dout
+    v, dout = random_heads(c["HKV"], KV), random_heads(c["H"], NB)
+    return layout, q, k, v, dout
+
+
+def add_speedups(run):
+    "Triton's speed-up over flex and sdpa (other ms / triton ms), forward and forward+backward, where both were timed."
+    b = run["backends"]
+    for mode in ("fwd", "fwd_bwd"):
+        tri = b.get("triton", {}).get(f"ms_{mode}")
+        for other in ("flex", "sdpa"):
+            o = b.get(other, {}).get(f"ms_{mode}")
+            if tri and o:
+                run[f"speedup_triton_vs_{other}_{mode}"] = o / tri
+
+
 def visible_pairs(layout, window, causal):
     "Visible (query, key) pairs per head: the True entries of the project's dense mask of this kind."
     return int(layout.dense_mask(window, causal).sum())
@@ -240,17 +264,10 @@ def gpu_main(args):
                                    for k, v in LAUNCHED.items()]
         write_json(out_path, result)
 
-    from dflash_nb.attention import AnchorBlockLayout
-    S, N = args.seq_len, args.anchors
-    layout = AnchorBlockLayout(*packed_layout(dev, S=S, N=N), BLOCK)
+    S, N, NB = args.seq_len, args.anchors, args.anchors * BLOCK
     for shape in args.shapes.split(","):
         H, HKV, D = SHAPES[shape]
-        gen = torch.Generator(device=dev).manual_seed(0)
-        NB = N * BLOCK
-        q = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
-        k = torch.randn(1, HKV, S + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
-        v = torch.randn(1, HKV, S + NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
-        g = torch.randn(1, H, NB, D, device=dev, generator=gen, dtype=torch.bfloat16)
+        layout, q, k, v, g = attention_inputs(dev, dict(H=H, HKV=HKV, D=D, S=S, N=N, B=BLOCK, docs=N_DOCS))
         for kind in args.kinds.split(","):
             window, causal = KINDS[kind]
             fns = make_backends(layout, window, causal)
@@ -279,13 +296,7 @@ def gpu_main(args):
             for name, o in outs.items():
                 if ref is not None and name != "sdpa":
                     run["backends"][name]["max_abs_diff_vs_sdpa"] = (o.float() - ref.float()).abs().max().item()
-            b = run["backends"]
-            tri = b.get("triton", {}).get("ms_fwd_bwd")
-            for other in ("flex", "sdpa"):
-                o = b.get(other, {}).get("ms_fwd_bwd")
-                if tri and o:
-                    run[f"speedup_triton_vs_{other}_fwd_bwd"] = o / tri
-                    run[f"speedup_triton_vs_{other}_fwd"] = b[other]["ms_fwd"] / b["triton"]["ms_fwd"]
+            add_speedups(run)
             if args.sweep and "triton" in fns:
                 def rec(res, run=run):
                     run["sweep"] = res

@@ -21,7 +21,7 @@ import argparse, json, os, platform, resource, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import write_json
+from _common import best_seconds, run_child, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
@@ -35,12 +35,9 @@ VARIANTS = {
 
 def run_timed(cmd: list[str], env: dict, log: Path) -> dict:
     "Run `cmd` to completion; wall seconds and the child's user/sys CPU seconds (os.wait4 reports them per child)."
-    t0 = time.perf_counter()
     with open(log, "w") as f:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        _, status, ru = os.wait4(p.pid, 0)
-    rc = os.waitstatus_to_exitcode(status)
-    return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "user_s": round(ru.ru_utime, 1),
+        rc, wall, ru = run_child(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    return {"rc": rc, "wall_s": round(wall, 1), "user_s": round(ru.ru_utime, 1),
             "sys_s": round(ru.ru_stime, 1), "max_rss_gb": round(ru.ru_maxrss / 1e6, 2), "log": str(log)}
 
 
@@ -85,12 +82,7 @@ def threads_probe(dtype_name: str = "bfloat16", reps: int = 3) -> dict:
             loss.backward()
         for name, fn in (("generate_s", gen), ("loss_projection_s", proj)):
             fn()   # warm-up
-            t = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                t.append(time.perf_counter() - t0)
-            out.setdefault(f"threads_{n}", {})[name] = round(min(t), 4)
+            out.setdefault(f"threads_{n}", {})[name] = round(best_seconds(fn, reps), 4)
     return out
 
 

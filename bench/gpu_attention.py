@@ -31,23 +31,7 @@ ATTN_CASES = {  # in order of value: the flagship shape first, then the cheap on
 }
 
 
-
 # ---- b. parity -------------------------------------------------------------------------------------------------------
-def attention_inputs(dev, c, seed=0):
-    "A packed row (real anchor sampler), its AnchorBlockLayout, and bf16 q, k, v, dout of shape c."
-    import torch
-    from attention import packed_layout
-    from dflash_nb.attention import AnchorBlockLayout
-    anchors, keep, doc_ids = packed_layout(dev, seed=seed, S=c["S"], N=c["N"], B=c["B"], docs=c["docs"])
-    layout = AnchorBlockLayout(anchors, keep, doc_ids, c["B"])
-    g = torch.Generator(device=dev).manual_seed(seed)
-    NB, KV = c["N"] * c["B"], c["S"] + c["N"] * c["B"]
-    random_heads = lambda h, n: torch.randn(1, h, n, c["D"], device=dev, generator=g, dtype=torch.bfloat16)
-    q, k = random_heads(c["H"], NB), random_heads(c["HKV"], KV)             # drawn in this order: q, k, v, dout
-    v, dout = random_heads(c["HKV"], KV), random_heads(c["H"], NB)
-    return layout, q, k, v, dout
-
-
 def reference64(q, k, v, dout, mask, scale):
     "Float64 dense attention forward and dq, dk, dv, one kv head (and its query group) at a time to bound memory."
     import torch
@@ -94,6 +78,7 @@ def run_backend(name, layout, q, k, v, dout, window, causal):
 
 def step_parity(a, rec):
     import torch
+    from attention import attention_inputs
     dev = device_for(a.dry_run)
     allow_recompiles()
     cases = ATTN_CASES[a.dry_run]
@@ -121,11 +106,9 @@ def step_parity(a, rec):
                 mask = layout.dense_mask(window, causal)
                 rows = mask.any(1)
                 a_kept = layout.anchors[layout.keep]
-                entry.update(
-                    visible_pairs=int(mask.sum()),
-                    empty_query_rows=int((~rows).sum()),
-                    anchors_past_W_minus_B_plus_1=int((a_kept > (window or 0) - c["B"] + 1).sum()) if window else None,
-                )
+                entry.update(visible_pairs=int(mask.sum()), empty_query_rows=int((~rows).sum()),
+                             anchors_past_W_minus_B_plus_1=int((a_kept > window - c["B"] + 1).sum()) if window
+                             else None)
                 ref = reference64(q, k, v, dout, mask, 1 / math.sqrt(c["D"]))
             except Exception as e:
                 rec.error(f"{label}: reference", e)
@@ -139,9 +122,7 @@ def step_parity(a, rec):
                     else:
                         r.update(dq=rel_err(grads[0], ref["dq"], rows), dk=rel_err(grads[1], ref["dk"]),
                                  dv=rel_err(grads[2], ref["dv"]))
-                    r["finite"] = bool(torch.isfinite(o).all()) and (
-                        grads is None or all(bool(torch.isfinite(t).all()) for t in grads)
-                    )
+                    r["finite"] = all(bool(torch.isfinite(t).all()) for t in (o, *(grads or ())))
                 except Exception as e:
                     r = dict(error=short_error(e), traceback=traceback.format_exc()[-1500:])
                 entry["backends"][name] = r
@@ -159,21 +140,10 @@ def step_parity(a, rec):
                 n_ok += r["ok"]
                 n_bad += not r["ok"]
             entry["seconds"] = round(time.perf_counter() - t0, 2)
-            fmt = lambda r, t: f"{r[t]:.1e}" if isinstance(r.get(t), float) else "-"
-            print(
-                "   "
-                + "  ".join(
-                    f"{n}: "
-                    + (
-                        " ".join(f"{t} {fmt(r, t)}" for t in ("out", "dq", "dk", "dv"))
-                        + (" ok" if r["ok"] else " FAIL")
-                        if "out" in r
-                        else r.get("error", "?")[:160]
-                    )
-                    for n, r in entry["backends"].items()
-                ),
-                flush=True,
-            )
+            fmt = lambda r, t: f"{r[t]:.1e}" if isinstance(r.get(t), float) else "-"   # noqa: E731
+            line = lambda r: (" ".join(f"{t} {fmt(r, t)}" for t in ("out", "dq", "dk", "dv"))   # noqa: E731
+                              + (" ok" if r["ok"] else " FAIL")) if "out" in r else r.get("error", "?")[:160]
+            print("   " + "  ".join(f"{n}: {line(r)}" for n, r in entry["backends"].items()), flush=True)
             del layout, q, k, v, dout, ref, mask
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -181,9 +151,8 @@ def step_parity(a, rec):
     worst = {}
     for e in rec["cases"]:
         for n, r in e["backends"].items():
-            worst[n] = max(
-                [worst.get(n, 0.0)] + [r[t] for t in ("out", "dq", "dk", "dv") if isinstance(r.get(t), float)]
-            )
+            errs = [r[t] for t in ("out", "dq", "dk", "dv") if isinstance(r.get(t), float)]
+            worst[n] = max([worst.get(n, 0.0)] + errs)
     rec["worst_err"] = worst
     rec["all_ok"] = n_bad == 0 and n_ok > 0
     rec.finish(f"{n_ok}/{n_ok + n_bad} backend x case checks within bounds; worst err " +
@@ -195,7 +164,7 @@ def step_parity(a, rec):
 def step_speed(a, rec):
     import tempfile
     import torch
-    from attention import bench_one, make_backends, useful_flops, visible_pairs
+    from attention import add_speedups, attention_inputs, bench_one, make_backends, useful_flops, visible_pairs
     dev = device_for(a.dry_run)
     allow_recompiles()
     c = FLAGSHIP if not a.dry_run else ATTN_CASES[True]["reduced"]
@@ -233,13 +202,7 @@ def step_speed(a, rec):
             rec.save()
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-        b = run["backends"]
-        for mode in ("fwd", "fwd_bwd"):
-            tri = b.get("triton", {}).get(f"ms_{mode}")
-            for other in ("flex", "sdpa"):
-                o = b.get(other, {}).get(f"ms_{mode}")
-                if tri and o:
-                    run[f"speedup_triton_vs_{other}_{mode}"] = o / tri
+        add_speedups(run)
         rec.save()
     # the auto probe, as training runs it: the fastest of flex, triton, sdpa that work forward+backward on these
     # shapes and the flagship's layer list (4 sliding, 1 full)
@@ -263,9 +226,8 @@ def step_speed(a, rec):
     parts = []
     for run in rec["runs"]:
         b = run["backends"]
-        ms = " ".join(
-            f"{n} {b[n]['ms_fwd_bwd']:.2f}" for n in ("triton", "flex", "sdpa") if "ms_fwd_bwd" in b.get(n, {})
-        )
+        ms = " ".join(f"{n} {b[n]['ms_fwd_bwd']:.2f}" for n in ("triton", "flex", "sdpa")
+                      if "ms_fwd_bwd" in b.get(n, {}))
         sp = run.get("speedup_triton_vs_flex_fwd_bwd")
         parts.append(f"{run['kind']} fwd+bwd ms: {ms or '-'}" + (f" (triton {sp:.2f}x flex)" if sp else ""))
     rec.finish("; ".join(parts) + f"; auto -> {rec.data.get('auto', {}).get('backend')}")
@@ -274,7 +236,7 @@ def step_speed(a, rec):
 # ---- c'. tile sweep --------------------------------------------------------------------------------------------------
 def step_sweep(a, rec):
     import torch
-    from attention import make_backends, sweep
+    from attention import attention_inputs, make_backends, sweep
     dev = device_for(a.dry_run)
     c = FLAGSHIP if not a.dry_run else ATTN_CASES[True]["reduced"]
     iters = 5 if not a.dry_run else 1

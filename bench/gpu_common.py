@@ -7,6 +7,7 @@ from pathlib import Path
 
 from _common import now_iso, sync, write_json   # noqa: F401  (sync: re-exported for the phases)
 
+
 def short_error(e: BaseException, n=400):
     msg = " ".join(str(e).split())
     return f"{type(e).__name__}: {msg[:n]}{'...' if len(msg) > n else ''}"
@@ -71,3 +72,17 @@ def allow_recompiles():
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 256))
 
+
+def peak_reset(dev):
+    "Start a CUDA peak-memory window (after freeing the cache); a no-op on CPU."
+    import torch
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(dev):
+    "GiB allocated at the peak of the window `peak_reset` started (None on CPU)."
+    import torch
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None

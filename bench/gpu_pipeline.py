@@ -11,7 +11,7 @@ import statistics
 import time
 
 from _common import Batches, sync, train_steps, trainer_run, with_features
-from gpu_common import device_for
+from gpu_common import device_for, peak_gib, peak_reset
 from gpu_flops import FULL_TARGET_RUN_LAYERS
 from gpu_models import TARGET_DIMS, hybrid_target, spread_ids
 from gpu_plan import need
@@ -21,19 +21,6 @@ PIPE = {  # rows, anchors, drafter, target depth, timed rows per phase
                 warmup=2, rows=5),
     True: dict(max_tokens=96, anchors=[8, 4], B=4, window=16, layers=8, doc_len=(20, 60), warmup=1, rows=2),
 }
-
-
-def peak_reset(dev):
-    import torch
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_gib(dev):
-    import torch
-    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if dev.type == "cuda" else None
 
 
 def median_per_item(fn, items, warmup, dev):

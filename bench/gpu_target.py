@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from _common import sync
+from _common import matmul_tflops, sync
 from gpu_common import device_for
 from gpu_flops import FLOP_FORMULA, full_depth_flops_per_token, peak_tflops, target_row_flops
 from gpu_models import TARGET_DIMS, dense_target, hybrid_target, spread_ids
@@ -27,7 +27,6 @@ PACKED_TOL = 5e-2         # bf16: max |packed - per document| / max |per documen
 
 def reference_kernels(model):
     "Context manager: the hybrid's linear-attention layers run transformers' torch reference (the kernels unbound)."
-    import contextlib
     from dflash_nb import target as tmod
     mod = tmod._linear_attention_module(model)
 
@@ -44,34 +43,13 @@ def reference_kernels(model):
     return ctx()
 
 
-
-def matmul_peak_tflops(dev, n, dtype):
-    "The device's bf16 matmul rate measured here (n x n x n, median of 5 after 2 warm-ups): the attainable peak."
-    import statistics
-    import torch
-    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
-    times = []
-    for _ in range(7):
-        sync(dev)
-        t = time.perf_counter()
-        a @ b
-        sync(dev)
-        times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / statistics.median(times[2:]) / 1e12
-
-
 def target_rows(p, dims):
     "Packed rows of the thinking-trace length mix (the trainer's row packing) and their document lengths."
-    import torch
-    from dflash_nb.anchors import make_packed_row
     from dflash_nb.rows import RowStream
-    from target_packing import length_mix
+    from target_packing import length_mix, make_rows
     lengths = [min(n, p["row"]) for n in length_mix(p["samples"], mean=2000 * p["row"] / 4096)]
     rows_idx = RowStream(lengths, p["row"], seed=0).epoch_rows(0)[:p["warmup"] + p["rows"]]
-    g, V = torch.Generator().manual_seed(0), dims["vocab_size"]
-    doc = lambda n: dict(input_ids=torch.randint(2, V - 1, (n,), generator=g), loss_mask=[1] * n)   # noqa: E731
-    rows = [make_packed_row([doc(lengths[i]) for i in r], p["row"]) for r in rows_idx]
-    return rows, [[lengths[i] for i in r] for r in rows_idx]
+    return make_rows(lengths, rows_idx, dims["vocab_size"], row=p["row"]), [[lengths[i] for i in r] for r in rows_idx]
 
 
 def packed_vs_per_document(tf_packed, tf_padded, row, doc_lengths) -> dict:
@@ -152,7 +130,7 @@ def step_target(a, rec):
     dev, p, dims = device_for(a.dry_run), TARGET_STEP[a.dry_run], TARGET_DIMS[a.dry_run]
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (dry run)"
-    peaks = dict(datasheet=peak_tflops(name, a.peak_tflops), matmul=matmul_peak_tflops(dev, p["matmul"], dtype))
+    peaks = dict(datasheet=peak_tflops(name, a.peak_tflops), matmul=matmul_tflops(dev, p["matmul"], dtype, 5))
     target = hybrid_target(dev, dims, p["layers"], dtype)
     ids = spread_ids(p["layers"] - 2)
     rows, doc_lengths = target_rows(p, dims)

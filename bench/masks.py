@@ -26,7 +26,6 @@ Requirement: the BlockMask build of a step (both kinds) < 5% of that step.
 
 Run: .venv/bin/python bench/masks.py   (writes bench/results/masks.json)
 """
-import json
 import platform
 import statistics
 import sys
@@ -69,24 +68,13 @@ def main(quick: bool = False):
     loss_mask = (torch.rand(S, generator=g) > 0.3) & (doc >= 0)
     anchors, keep = sample_anchors(loss_mask, doc, B, N, generator=g)
     rep = 5 if quick else 30
-    res = dict(
-        S=S,
-        num_anchors=N,
-        block_size=B,
-        documents=d,
-        kept_anchors=int(keep.sum()),
-        torch=torch.__version__,
-        threads=torch.get_num_threads(),
-        blockmask_threads=1,
-        machine=platform.processor() or platform.machine(),
-        kinds={},
-    )
+    res = dict(S=S, num_anchors=N, block_size=B, documents=d, kept_anchors=int(keep.sum()), torch=torch.__version__,
+               threads=torch.get_num_threads(), blockmask_threads=1,
+               machine=platform.processor() or platform.machine(), kinds={})
     total_fast = total_med = 0.0
     for kind, (W, c) in KINDS.items():
         threads = torch.get_num_threads()
-        torch.set_num_threads(
-            1
-        )  # a few hundred KB of tensor work: one thread is as fast and immune to oversubscription
+        torch.set_num_threads(1)   # a few hundred KB of tensor work: one thread is as fast, immune to oversubscription
         t_fast, t_fast_med, fast = timed(lambda: anchor_block_block_mask(anchors, keep, doc, B, W, c), rep)
         torch.set_num_threads(threads)
         t_dense, _, dense = timed(lambda: dense_anchor_block_mask(anchors, keep, doc, B, W, c), max(1, rep // 3))
@@ -95,40 +83,24 @@ def main(quick: bool = False):
         if not equal: raise SystemExit(f"{kind}: BlockMask from ranges differs from create_block_mask")
         total_fast += t_fast
         total_med += t_fast_med
-        res["kinds"][kind] = dict(
-            window=W,
-            causal_in_block=c,
-            blockmask_ranges_ms=round(t_fast, 3),
-            blockmask_ranges_median_ms=round(t_fast_med, 3),
-            blockmask_create_block_mask_ms=round(t_ref, 1),
-            dense_mask_ms=round(t_dense, 1),
-            dense_mask_mb=round(dense.numel() / 2**20, 1),
-            sparsity_pct=round(fast.sparsity(), 2),
-            equal_to_create_block_mask=equal,
-        )
+        res["kinds"][kind] = dict(window=W, causal_in_block=c, blockmask_ranges_ms=round(t_fast, 3),
+                                  blockmask_ranges_median_ms=round(t_fast_med, 3),
+                                  blockmask_create_block_mask_ms=round(t_ref, 1), dense_mask_ms=round(t_dense, 1),
+                                  dense_mask_mb=round(dense.numel() / 2**20, 1), sparsity_pct=round(fast.sparsity(), 2),
+                                  equal_to_create_block_mask=equal)
         print(f"{kind:>8}: BlockMask from ranges {t_fast:7.3f} ms | create_block_mask {t_ref:8.1f} ms "
               f"({t_ref / t_fast:,.0f}x slower) | dense mask {t_dense:6.1f} ms ({dense.numel() / 2**20:.0f} MB) | "
               f"tiles skipped {fast.sparsity():.1f}% | equal: {equal}")
     ratio = total_fast / GPU_STEP_MS
-    res.update(
-        gpu_step_ms_assumed=GPU_STEP_MS,
-        blockmask_step_ms=round(total_fast, 3),
-        ratio=round(ratio, 5),
-        blockmask_step_median_ms=round(total_med, 3),
-        ratio_median=round(total_med / GPU_STEP_MS, 5),
-        limit=LIMIT,
-        ok=ratio < LIMIT,
-        step_basis="Qwen3-8B-sized drafter fwd+bwd, 8192 ctx + 8192 block tokens, ~77 TFLOP at ~50% of H200 bf16 peak",
-    )
-    print(
-        f"step BlockMask build (both kinds): {total_fast:.3f} ms = {100 * ratio:.2f}% of an assumed {GPU_STEP_MS:.0f} "
-        "ms "
-        f"GPU step (limit {100 * LIMIT:.0f}%): {'OK' if ratio < LIMIT else 'TOO SLOW'}  "
-        f"[median {total_med:.3f} ms = {100 * total_med / GPU_STEP_MS:.2f}%]"
-    )
-    out = Path(__file__).parent / "results" / "masks.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(out, res, indent=2)
+    res.update(gpu_step_ms_assumed=GPU_STEP_MS, blockmask_step_ms=round(total_fast, 3), ratio=round(ratio, 5),
+               blockmask_step_median_ms=round(total_med, 3), ratio_median=round(total_med / GPU_STEP_MS, 5),
+               limit=LIMIT, ok=ratio < LIMIT,
+               step_basis="Qwen3-8B-sized drafter fwd+bwd, 8192 ctx + 8192 block tokens, ~77 TFLOP at ~50% of H200 "
+                          "bf16 peak")
+    print(f"step BlockMask build (both kinds): {total_fast:.3f} ms = {100 * ratio:.2f}% of an assumed "
+          f"{GPU_STEP_MS:.0f} ms GPU step (limit {100 * LIMIT:.0f}%): {'OK' if ratio < LIMIT else 'TOO SLOW'}  "
+          f"[median {total_med:.3f} ms = {100 * total_med / GPU_STEP_MS:.2f}%]")
+    out = write_json(Path(__file__).parent / "results" / "masks.json", res, indent=2)
     print(f"wrote {out}")
     return 0 if ratio < LIMIT else 1
 

@@ -17,7 +17,7 @@ without a target (the producer thread and the drafter share the same two cores).
 Writes bench/results/pipeline.json (or --out).
 """
 from __future__ import annotations
-import argparse, contextlib, json, os, platform, sys, tempfile, time
+import argparse, json, os, platform, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,79 +26,26 @@ import torch
 
 PRESETS = {
     # a tiny target and drafter: the CPU figures are about the machinery, not about speed
-    "cpu": dict(
-        target=dict(
-            hidden_size=128, num_layers=8, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=384, seed=0
-        ),
-        drafter=dict(num_hidden_layers=1, block_size=8),
-        max_tokens=512,
-        max_anchors=32,
-        approx_tokens=200,
-        steps=12,
-    ),
+    "cpu": dict(target=dict(hidden_size=128, num_layers=8, num_heads=4, num_kv_heads=2, head_dim=32,
+                            intermediate_size=384, seed=0),
+                drafter=dict(num_hidden_layers=1, block_size=8), max_tokens=512, max_anchors=32, approx_tokens=200,
+                steps=12),
     # Qwen3-4B's shape with random weights (~4.0B parameters, bf16): a realistic target for one H200
-    "cuda": dict(
-        target=dict(
-            hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, intermediate_size=9728, seed=0
-        ),
-        drafter=dict(num_hidden_layers=5, block_size=16),
-        max_tokens=4096,
-        max_anchors=512,
-        approx_tokens=1800,
-        steps=30,
-    ),
+    "cuda": dict(target=dict(hidden_size=2560, num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128,
+                             intermediate_size=9728, seed=0),
+                 drafter=dict(num_hidden_layers=5, block_size=16), max_tokens=4096, max_anchors=512,
+                 approx_tokens=1800, steps=30),
 }
-
-
-def sync(dev):
-    if dev.type == "cuda": torch.cuda.synchronize(dev)
-
-
-def build_target(tcfg: dict, device: torch.device, dtype: torch.dtype):
-    "A random-weight Qwen3 CausalLM built directly on `device` (no CPU init of billions of weights)."
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    from dflash_nb.target import QWEN3_PAD_ID, QWEN3_EOS_ID
-
-    t = dict(tcfg)
-    seed = t.pop("seed", 0)
-    cfg = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=t["hidden_size"],
-        intermediate_size=t["intermediate_size"],
-        num_hidden_layers=t["num_layers"],
-        num_attention_heads=t["num_heads"],
-        num_key_value_heads=t["num_kv_heads"],
-        head_dim=t["head_dim"],
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=QWEN3_PAD_ID,
-        eos_token_id=QWEN3_EOS_ID,
-        bos_token_id=None,
-        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-    )
-    torch.manual_seed(seed)
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device): model = Qwen3ForCausalLM(cfg)
-    finally: torch.set_default_dtype(old)
-    return model.eval().requires_grad_(False)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        choices=["cpu", "cuda"],
-        help="default: cuda when present",
-    )
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"],
+                    help="default: cuda when present")
     ap.add_argument("--split", action="store_true", help="target on cuda:0, drafter on cuda:1")
     ap.add_argument("--steps", type=int, default=None, help="measured steps per phase")
-    ap.add_argument(
-        "--warmup", type=int, default=3, help="unmeasured steps per phase (also the trainer's log interval)"
-    )
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="unmeasured steps per phase (also the trainer's log interval)")
     ap.add_argument("--backend", default="auto", help="drafter attention backend (auto = the probe)")
     ap.add_argument("--out", default=None, help="default bench/results/pipeline.json (GPU) or pipeline-cpu.json (CPU)")
     a = ap.parse_args(argv)
@@ -111,7 +58,7 @@ def main(argv=None):
     from dflash_nb.train_config import TrainConfig
     from dflash_nb.trainer import train, load_samples
     from dflash_nb.target import TargetFeatures, tiny_target
-    from _common import Batches, now_iso, train_steps, trainer_run, with_features, write_json
+    from _common import Batches, now_iso, sync, train_steps, trainer_run, with_features, write_json
 
     p = PRESETS[a.device]
     steps = a.steps or p["steps"]
@@ -126,59 +73,28 @@ def main(argv=None):
     work = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     n_samples = max(64, (steps + a.warmup + 4) * 2 * max(1, p["max_tokens"] // p["approx_tokens"]))
     src = write_jsonl(synthetic_records(n_samples, seed=0, approx_tokens=p["approx_tokens"]), work / "data.jsonl")
-    tokenize_dataset(
-        [str(src)],
-        qwen3_tokenizer_dir(),
-        work / "data",
-        DataConfig(workers=1, max_seq_len=p["max_tokens"]),
-        verbose=False,
-    )
+    tokenize_dataset([str(src)], qwen3_tokenizer_dir(), work / "data",
+                     DataConfig(workers=1, max_seq_len=p["max_tokens"]), verbose=False)
 
     t0 = time.perf_counter()
-    if a.device == "cuda": target = build_target(p["target"], tdev, torch.bfloat16)
-    else: target = tiny_target(**p["target"]).to(tdev)
+    with torch.device(tdev):   # built on the device: no host copy of a 4B-parameter target
+        target = tiny_target(**p["target"], dtype=torch.bfloat16 if a.device == "cuda" else torch.float32)
     n_target = sum(x.numel() for x in target.parameters())
-    print(
-        f"target: {n_target / 1e9:.2f}B parameters on {tdev} ({time.perf_counter() - t0:.1f}s to build); drafter on "
-        f"{ddev}",
-        flush=True,
-    )
+    print(f"target: {n_target / 1e9:.2f}B parameters on {tdev} ({time.perf_counter() - t0:.1f}s to build); drafter on "
+          f"{ddev}", flush=True)
 
-    cfg = from_dict(
-        TrainConfig,
-        dict(
-            run_dir=str(work / "run"),
-            data_dir=str(work / "data"),
-            steps=a.warmup + steps,
-            global_batch=1,
-            max_tokens=p["max_tokens"],
-            max_anchors=p["max_anchors"],
-            backend=a.backend,
-            devices=[[str(tdev), str(ddev)]],
-            log_every=a.warmup,
-            drafter=p["drafter"],
-            checkpoint=dict(every=0, final=False),
-        ),
-    )
+    cfg = from_dict(TrainConfig, dict(run_dir=str(work / "run"), data_dir=str(work / "data"), steps=a.warmup + steps,
+                                      global_batch=1, max_tokens=p["max_tokens"], max_anchors=p["max_anchors"],
+                                      backend=a.backend, devices=[[str(tdev), str(ddev)]], log_every=a.warmup,
+                                      drafter=p["drafter"], checkpoint=dict(every=0, final=False)))
     tok = load_tokenizer(qwen3_tokenizer_dir())
     dcfg = drafter_config(target, cfg.drafter, tok)
     feats = TargetFeatures(target, dcfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
     samples = load_samples(cfg.data_dir)
     stream = RowStream([int(n) for n in samples.lengths], cfg.max_tokens, cfg.seed)
-    B = dcfg.block_size
-    batch_at = lambda k: make_batch(
-        samples,
-        stream,
-        k,
-        k,
-        0,
-        max_tokens=cfg.max_tokens,
-        block_size=B,
-        max_anchors=cfg.max_anchors,
-        mask_token_id=dcfg.mask_token_id,
-        seed=cfg.seed,
-    )
-    rows = [batch_at(k) for k in range(a.warmup + steps)]
+    rows = [make_batch(samples, stream, k, k, 0, max_tokens=cfg.max_tokens, block_size=dcfg.block_size,
+                       max_anchors=cfg.max_anchors, mask_token_id=dcfg.mask_token_id, seed=cfg.seed)
+            for k in range(a.warmup + steps)]
     ntok = [r.n_tokens for r in rows]
 
     # ---- I: target forward only ----------------------------------------------------------------------------------
@@ -197,14 +113,8 @@ def main(argv=None):
 
     # ---- T: drafter training only (features precomputed, already on the drafter device) --------------------------
     drafter = build_drafter(dcfg, feats, ddev, cfg.seed)
-    backend, why = pick_backend(
-        cfg.backend,
-        ddev,
-        torch.bfloat16 if ddev.type == "cuda" else torch.float32,
-        dcfg,
-        cfg.max_tokens,
-        cfg.max_anchors,
-    )
+    backend, why = pick_backend(cfg.backend, ddev, torch.bfloat16 if ddev.type == "cuda" else torch.float32, dcfg,
+                                cfg.max_tokens, cfg.max_anchors)
     print(f"attention backend: {backend} ({why})", flush=True)
     # the trainer's own train_step (its step_loss under the config's loss: D-PACE by default), one row per step
     run = trainer_run(cfg, drafter, dcfg, feats, ddev, backend, why)
@@ -222,58 +132,31 @@ def main(argv=None):
     recs = [json.loads(l) for l in (work / "run" / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
     steady = recs[1:]                       # the first interval (warm-up, producer filling the queue) is dropped
     P = sum(r["tokens_per_s"] * r["wall_s"] for r in steady) / sum(r["wall_s"] for r in steady)
-    busy = {
-        k: sum(r[k] * r["wall_s"] for r in steady) / sum(r["wall_s"] for r in steady)
-        for k in ("target_busy", "drafter_busy", "drafter_wait")
-    }
-    print(
-        f"P  pipelined trainer   : {P:12,.0f} tokens/s  (target busy {busy['target_busy']:.0%}, drafter busy "
-        f"{busy['drafter_busy']:.0%}, "
-        f"drafter waiting {busy['drafter_wait']:.0%})",
-        flush=True,
-    )
+    busy = {k: sum(r[k] * r["wall_s"] for r in steady) / sum(r["wall_s"] for r in steady)
+            for k in ("target_busy", "drafter_busy", "drafter_wait")}
+    print(f"P  pipelined trainer   : {P:12,.0f} tokens/s  (target busy {busy['target_busy']:.0%}, drafter busy "
+          f"{busy['drafter_busy']:.0%}, drafter waiting {busy['drafter_wait']:.0%})", flush=True)
 
     serial = 1 / (1 / I + 1 / T)
     eff_split, eff_serial = P / min(I, T), P / serial
-    res = {
-        "device": str(tdev) + (" -> " + str(ddev) if not shared else ""),
-        "shared_device": shared,
-        "gpu": torch.cuda.get_device_name(tdev) if tdev.type == "cuda" else None,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "target_params": n_target,
-        "target": p["target"],
-        "drafter": {
-            **p["drafter"],
-            "hidden_size": dcfg.hidden_size,
-            "params": sum(x.numel() for x in s["drafter"].parameters()),
-        },
-        "attention_backend": backend,
-        "loss_weighting": cfg.loss.weighting,
-        "finished": now_iso(),
-        "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
-        "rows": {"max_tokens": cfg.max_tokens, "max_anchors": cfg.max_anchors, "mean_tokens": sum(ntok) / len(ntok)},
-        "steps": steps,
-        "warmup": a.warmup,
-        "I_tokens_per_s": I,
-        "T_tokens_per_s": T,
-        "P_tokens_per_s": P,
-        "serial_bound_tokens_per_s": serial,
-        "P_over_min_I_T": eff_split,
-        "P_over_serial_bound": eff_serial,
-        "busy": busy,
-        "peak_mem_gb": recs[-1]["peak_mem_gb"] if recs else None,
-        "target_ratio": None
-        if a.device == "cpu"
-        else (">= 0.95 of the serial bound" if shared else ">= 0.9 of min(I, T)"),
-        "meets_target": None if a.device == "cpu" else bool(eff_serial >= 0.95 if shared else eff_split >= 0.9),
-    }
+    cuda = a.device == "cuda"
+    res = {"device": str(tdev) + (" -> " + str(ddev) if not shared else ""), "shared_device": shared,
+           "gpu": torch.cuda.get_device_name(tdev) if tdev.type == "cuda" else None,
+           "cpu": platform.processor() or platform.machine(), "cpu_threads": torch.get_num_threads(),
+           "torch": torch.__version__, "target_params": n_target, "target": p["target"],
+           "drafter": {**p["drafter"], "hidden_size": dcfg.hidden_size,
+                       "params": sum(x.numel() for x in s["drafter"].parameters())},
+           "attention_backend": backend, "loss_weighting": cfg.loss.weighting, "finished": now_iso(),
+           "load_avg_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()},
+           "rows": {"max_tokens": cfg.max_tokens, "max_anchors": cfg.max_anchors, "mean_tokens": sum(ntok) / len(ntok)},
+           "steps": steps, "warmup": a.warmup, "I_tokens_per_s": I, "T_tokens_per_s": T, "P_tokens_per_s": P,
+           "serial_bound_tokens_per_s": serial, "P_over_min_I_T": eff_split, "P_over_serial_bound": eff_serial,
+           "busy": busy, "peak_mem_gb": recs[-1]["peak_mem_gb"] if recs else None,
+           "target_ratio": (">= 0.95 of the serial bound" if shared else ">= 0.9 of min(I, T)") if cuda else None,
+           "meets_target": bool(eff_serial >= 0.95 if shared else eff_split >= 0.9) if cuda else None}
     print(f"P / min(I, T)          = {eff_split:.3f}   (1.0 is the limit for split devices)")
-    print(
-        f"P / serial bound       = {eff_serial:.3f}   (serial bound 1/(1/I + 1/T) = {serial:,.0f} tokens/s; the limit "
-        "on one shared device)"
-    )
+    print(f"P / serial bound       = {eff_serial:.3f}   (serial bound 1/(1/I + 1/T) = {serial:,.0f} tokens/s; "
+          "the limit on one shared device)")
     if a.device == "cpu": print("CPU: reported without a target (producer and drafter share the cores)")
     else: print(f"target {res['target_ratio']}: {'met' if res['meets_target'] else 'NOT met'}")
     out = Path(a.out or ROOT / "bench" / "results" / ("pipeline.json" if a.device == "cuda" else "pipeline-cpu.json"))

@@ -14,8 +14,11 @@ its waited-for children, and whether the two engines' tokens are identical.
 Writes bench/results/regen.json (or --out).
 """
 from __future__ import annotations
-import argparse, json, os, platform, resource, shutil, sys, tempfile, time
+import argparse, os, platform, resource, shutil, sys, tempfile, time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = {"hidden_size": 64, "num_layers": 4, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64,
@@ -72,7 +75,6 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from dflash_nb.regen import read_prompts
-    from dflash_nb.storage import atomic_write_text
     from dflash_nb.train import demo_data_dir
     convs = read_prompts(demo_data_dir() / "prompts.jsonl")[: a.prompts]
     load = os.getloadavg()
@@ -91,8 +93,7 @@ def main(argv=None) -> int:
            "hf_threads": a.hf_threads, "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
            "identical_completions": same, "runs": runs, "vllm_over_hf_completions_per_s": round(ratio, 2),
            "vllm_over_hf_with_check": round(ratio_check, 2)}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(a.out, json.dumps(res, indent=1) + "\n")
+    write_json(a.out, res)
     for r in (hf, vl):
         print(f"{r['engine']:>5}: start {r['start_s']:6.1f} s  generate {r['generate_s']:6.1f} s "
               f"({r['completions_per_s']:.2f} completions/s, {r['tokens_per_s']:.0f} tokens/s)  "

@@ -10,11 +10,11 @@ whole run.
 Writes bench/results/regen-memory.json (or --out).
 """
 from __future__ import annotations
-import argparse, json, os, platform, subprocess, sys, tempfile, time
+import argparse, json, os, platform, sys, tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import now_iso, write_json  # noqa: E402
+from _common import now_iso, run_child, write_json  # noqa: E402
 from regen import write_target  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,15 +25,13 @@ def run(target: Path, prompts: Path, n: int, out: Path) -> dict:
     cmd = [str(Path(sys.executable).with_name("dflash-regen")), "--target", str(target), "--prompts", str(prompts),
            "--out", str(out), "--max-prompts", str(n), "--max-new-tokens", "1", "--shard-size", "500",
            "--batch-size", "100", "enable_thinking=false"]
-    t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as so, tempfile.TemporaryFile("w+") as se:
-        p = subprocess.Popen(cmd, stdout=so, stderr=se, text=True, env={**os.environ, "DFLASH_PROGRESS": "off"})
-        _, status, usage = os.wait4(p.pid, 0)                  # this child's own rusage: its own peak RSS
-        p.returncode = os.waitstatus_to_exitcode(status)
+        # this child's own rusage: its own peak RSS
+        rc, wall, usage = run_child(cmd, stdout=so, stderr=se, text=True, env={**os.environ, "DFLASH_PROGRESS": "off"})
         so.seek(0), se.seek(0)
         stdout, stderr = so.read(), se.read()
-    if p.returncode: raise SystemExit(stderr[-2000:])
-    return {"prompts": n, "seconds": round(time.perf_counter() - t0, 1),
+    if rc: raise SystemExit(stderr[-2000:])
+    return {"prompts": n, "seconds": round(wall, 1),
             "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
             "summary": stdout.strip().splitlines()[-2:]}
 

@@ -66,6 +66,20 @@ def write_prompts(heldout: Path, out: Path) -> tuple[int, int]:
     return n, leaks
 
 
+def heldout_prompts(run_dir: Path, tmp: Path) -> tuple[Path, int, int, dict]:
+    "The run's held-out prompts written for dflash-eval; (path, prompts, those holding their answer, template kwargs)."
+    manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
+    n, leaks = write_prompts(run_dir / "generated" / "heldout.jsonl", tmp / "heldout-prompts.jsonl")
+    return tmp / "heldout-prompts.jsonl", n, leaks, manifest.get("template_kwargs") or {}   # the run's template kwargs
+
+
+def eval_cmd(target: Path, run_dir: Path, prompts: Path, max_new_tokens: int, kwargs: dict, out: Path, *more) -> list:
+    "The real console script serving the run's drafter under vLLM: `dflash-eval --engine vllm ...` writing `out`."
+    return [str(EVAL), "--engine", "vllm", "--target", str(target), "--drafter", str(run_dir / "drafter"), "--prompts",
+            str(prompts), "--max-new-tokens", str(max_new_tokens), "--chat-template-kwargs", json.dumps(kwargs), *more,
+            "--json", str(out)]
+
+
 def run_summary(run_dir: Path) -> dict:
     "What was trained: target and drafter dims, block size, layer types, training steps and wall, τ before/after."
     import yaml
@@ -100,16 +114,12 @@ def main(argv=None) -> int:
             return 2
         print("training", " ".join(train_cmd(run_dir)), "(~10 min on 2 cores)", flush=True)
         subprocess.run(train_cmd(run_dir), check=True, cwd=ROOT)
-    manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
-    kwargs = manifest.get("template_kwargs") or {}     # the chat template variables the run trained with
     with tempfile.TemporaryDirectory(prefix="dflash_nb-serving-") as tmp:
         tmp = Path(tmp)
         target = write_target(run_dir, tmp / "target")
-        n_prompts, leaks = write_prompts(run_dir / "generated" / "heldout.jsonl", tmp / "heldout-prompts.jsonl")
+        prompts, n_prompts, leaks, kwargs = heldout_prompts(run_dir, tmp)
         if leaks: raise SystemExit(f"{leaks} prompts hold their reference answer")
-        cmd = [str(EVAL), "--engine", "vllm", "--target", str(target), "--drafter", str(run_dir / "drafter"),
-               "--prompts", str(tmp / "heldout-prompts.jsonl"), "--max-new-tokens", str(a.max_new_tokens),
-               "--chat-template-kwargs", json.dumps(kwargs), "--json", str(tmp / "eval.json")]
+        cmd = eval_cmd(target, run_dir, prompts, a.max_new_tokens, kwargs, tmp / "eval.json")
         t1 = time.perf_counter()
         subprocess.run(cmd, check=True, cwd=ROOT)
         eval_s = time.perf_counter() - t1

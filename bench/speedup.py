@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import now_iso, write_json  # noqa: E402
 
-EVAL = ROOT / ".venv" / "bin" / "dflash-eval"
 STEP_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 17)
 
 
@@ -139,16 +138,12 @@ def run_summary(run_dir: Path) -> dict:
 def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
           tmp: Path, threads: int | None = None) -> tuple[dict, list]:
     "The real console script's sweep on the run's held-out prompts; its JSON and the command."
-    from serving import write_prompts
-    manifest = json.loads((run_dir / "data" / "heldout" / "manifest.json").read_text())
-    kwargs = manifest.get("template_kwargs") or {}
-    n, leaks = write_prompts(run_dir / "generated" / "heldout.jsonl", tmp / "heldout-prompts.jsonl")
+    from serving import eval_cmd, heldout_prompts
+    prompts, n, leaks, kwargs = heldout_prompts(run_dir, tmp)
     print(f"{n} held-out prompts, {leaks} of them holding their reference answer's text (recorded, not dropped)")
-    cmd = [str(EVAL), "--engine", "vllm", "--target", str(target), "--drafter", str(run_dir / "drafter"),
-           "--prompts", str(tmp / "heldout-prompts.jsonl"), "--max-new-tokens", str(max_new_tokens),
-           "--max-prompts", str(max_prompts), "--chat-template-kwargs", json.dumps(kwargs), "--dtype", dtype,
-           "--num-speculative-tokens", *map(str, ks), "--batch-size", *map(str, batches),
-           "--json", str(tmp / "eval.json")]
+    cmd = eval_cmd(target, run_dir, prompts, max_new_tokens, kwargs, tmp / "eval.json", "--max-prompts",
+                   str(max_prompts), "--dtype", dtype, "--num-speculative-tokens", *map(str, ks), "--batch-size",
+                   *map(str, batches))
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     res = json.loads((tmp / "eval.json").read_text())

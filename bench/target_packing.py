@@ -17,32 +17,28 @@ Timed (--time-rows, default 4): padded vs packed feature forwards over the first
     3:1 pattern), features of layers [1, 3]: packed runs the torch conv and recurrence once per document.
 Share of peak (--peak-rows, default 1): first the best of 3 bf16 matmuls (3072^3) gives this CPU's bf16 GFLOP/s; then
 one packed bf16 feature forward per row through 4 layers of a wider dense and hybrid target (hidden 1024, Qwen3.6-27B's
-shapes scaled by 1/5) is timed and its useful FLOPs (the formula below, the one bench/gpu_check.py uses on GPUs) divided
-by time and by that peak.
+shapes scaled by 1/5) is timed and its useful FLOPs (`gpu_flops.FLOP_FORMULA`, the GPU check's) divided by time and by
+that peak.
 The box is shared: both paths of a comparison run in the same process, minutes apart; the ratios are what counts.
 
 Run: .venv/bin/python bench/target_packing.py   (writes bench/results/target_packing.json)
 """
 import argparse
-import json
 import math
 import os
 import platform
 import random
-import time
 from pathlib import Path
 
 import torch
 
+from _common import best_seconds, matmul_tflops, write_json
 from dflash_nb.anchors import make_packed_row
 from dflash_nb.rows import RowStream
-from dflash_nb.storage import atomic_write_text
-from dflash_nb.target import TargetFeatures, bucket_spans, find_decoder_layers, tiny_target
+from dflash_nb.target import TargetFeatures, bucket_spans, tiny_target
+from gpu_flops import FLOP_FORMULA, target_row_flops
 
 ROW, MAX_BATCH_TOKENS, MAX_LEN = 4096, 16384, 8192
-FLOP_FORMULA = ("useful forward FLOPs of a row = 2 * P_run * T + sum over full-attention layers run of "
-                "4 * H * D * sum_i n_i (n_i + 1) / 2 + sum over Gated DeltaNet layers run of 6 * Hv * dk * dv * T; "
-                "P_run = parameters of the decoder layers run, T = real tokens, n_i = document lengths")
 TINY = dict(hidden_size=128, intermediate_size=384, vocab_size=4096, pad_token_id=0, eos_token_id=1)
 WIDE = dict(hidden_size=1024, intermediate_size=3456, num_heads=8, num_kv_heads=2, head_dim=128, vocab_size=4096,
             pad_token_id=0, eos_token_id=1)
@@ -70,43 +66,16 @@ def row_costs(doc_lengths: list[int]) -> dict:
                 pairs_packed_mask=real * real, micro_batches=len(buckets))
 
 
-def timed(fn, repeats: int = 2) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def hybrid_target(**kw):
     "A Qwen3.5 hybrid with Qwen3.6's pattern: layers 0-2 Gated DeltaNet, 3 full attention, 4 Gated DeltaNet."
     return tiny_target("qwen3_5", num_layers=5, full_attention_interval=4, **kw)
 
 
-def row_flops(model, last_layer: int, doc_lengths: list[int]) -> int:
-    "Useful forward FLOPs of one row through decoder layers 0..last_layer (FLOP_FORMULA)."
-    cfg = model.config
-    layers = find_decoder_layers(model)[:last_layer + 1]
-    kinds = list(getattr(cfg, "layer_types", None) or ["full_attention"] * len(layers))[:last_layer + 1]
-    T, pairs = sum(doc_lengths), sum(n * (n + 1) // 2 for n in doc_lengths)
-    flops = 2 * sum(p.numel() for p in layers.parameters()) * T
-    flops += kinds.count("full_attention") * 4 * cfg.num_attention_heads * cfg.head_dim * pairs
-    if "linear_attention" in kinds:
-        gdn = 6 * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-        flops += kinds.count("linear_attention") * gdn * T
-    return flops
-
-
-def make_rows(lengths, rows, vocab: int, seed: int = 0) -> list[dict]:
+def make_rows(lengths, rows, vocab: int, seed: int = 0, row: int = ROW) -> list[dict]:
     "The packed rows (input_ids, doc_ids) of `rows` with random tokens, as the trainer builds them."
     g = torch.Generator().manual_seed(seed)
-    out = []
-    for r in rows:
-        docs = [{"input_ids": torch.randint(2, vocab, (min(lengths[i], ROW),), generator=g),
-                 "loss_mask": [1] * min(lengths[i], ROW)} for i in r]
-        out.append(make_packed_row(docs, ROW))
-    return out
+    doc = lambda n: {"input_ids": torch.randint(2, vocab, (n,), generator=g), "loss_mask": [1] * n}   # noqa: E731
+    return [make_packed_row([doc(min(lengths[i], row)) for i in r], row) for r in rows]
 
 
 def time_paths(model, layer_ids, batch, what: str) -> dict:
@@ -117,24 +86,17 @@ def time_paths(model, layer_ids, batch, what: str) -> dict:
         torch.testing.assert_close(packed(b["input_ids"], b["doc_ids"]), padded(b["input_ids"], b["doc_ids"]),
                                    rtol=1e-4, atol=1e-4)
     run = lambda tf: [tf(b["input_ids"], b["doc_ids"]) for b in batch]
-    t_pad, t_pack = timed(lambda: run(padded)), timed(lambda: run(packed))
+    t_pad, t_pack = best_seconds(lambda: run(padded), 2), best_seconds(lambda: run(packed), 2)
     return dict(rows=len(batch), padded_s=t_pad, packed_s=t_pack, padded_over_packed=t_pad / t_pack, target=what,
                 packed_reason=packed.packing_reason, threads=torch.get_num_threads())
-
-
-def bf16_matmul_gflops(n: int = 3072, repeats: int = 3) -> float:
-    "This CPU's bf16 matmul rate: the best of `repeats` (n x n) @ (n x n) products, after a warm-up."
-    a, b = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    a @ b
-    return 2 * n ** 3 / timed(lambda: a @ b, repeats) / 1e9
 
 
 def share_of_peak(model, layer_ids, batch, doc_lengths, peak_gflops: float) -> dict:
     "Useful GFLOP/s of the packed bf16 feature forward over `batch`, and its share of the bf16 matmul peak."
     tf = TargetFeatures(model, layer_ids)
-    useful = sum(row_flops(model, max(layer_ids), d) for d in doc_lengths)
+    useful = sum(target_row_flops(model, max(layer_ids), d) for d in doc_lengths)
     tf(batch[0]["input_ids"][:256], batch[0]["doc_ids"][:256])   # warm-up
-    secs = timed(lambda: [tf(b["input_ids"], b["doc_ids"]) for b in batch])
+    secs = best_seconds(lambda: [tf(b["input_ids"], b["doc_ids"]) for b in batch], 2)
     gflops = useful / secs / 1e9
     return dict(rows=len(batch), seconds=secs, useful_gflop=useful / 1e9, useful_gflops=gflops,
                 percent_of_bf16_peak=100 * gflops / peak_gflops, packing=tf.packing, packed_reason=tf.packing_reason,
@@ -178,7 +140,7 @@ def main(argv=None):
         res["hybrid_cpu_time"].update(tokens_computed_per_real_padded=padded / real,
                                        tokens_computed_per_real_packed=1.0)
     if args.peak_rows:
-        peak = bf16_matmul_gflops()
+        peak = matmul_tflops(torch.device("cpu"), 3072, torch.bfloat16, 3) * 1e3   # GFLOP/s
         peak_rows = rows[:args.peak_rows]
         batch = make_rows(lengths, peak_rows, WIDE["vocab_size"], seed=1)
         docs = [[min(lengths[i], ROW) for i in r] for r in peak_rows]
@@ -190,8 +152,7 @@ def main(argv=None):
         res["bf16_peak"]["hybrid"] = share_of_peak(hybrid_target(**WIDE, **WIDE_GDN, **bf16), [1, 3], batch, docs,
                                                    peak)
     res["load_average_at_end"] = os.getloadavg()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(res, indent=1) + "\n")
+    write_json(args.out, res)
     t, st = res["tokens"], res["setup"]
     print(f"{len(rows)} rows of {ROW}, {st['docs_per_row']:.2f} docs/row, fill {st['row_fill']:.3f}")
     print(f"tokens computed / real (dense and hybrid): padded buckets {1 + t['padded_waste']:.4f} "

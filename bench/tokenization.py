@@ -32,6 +32,8 @@ import sys, os
 import argparse, json, platform, shutil, tempfile, time
 from pathlib import Path
 
+from _common import write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -69,9 +71,7 @@ def main():
             t0, c0 = time.perf_counter(), time.process_time()
             n_tok = 0
             for i in range(0, len(texts), 256):
-                n_tok += sum(
-                    len(e) for e in tok.backend_tokenizer.encode_batch(texts[i : i + 256], add_special_tokens=False)
-                )
+                n_tok += sum(map(len, tok.backend_tokenizer.encode_batch(texts[i:i + 256], add_special_tokens=False)))
             dt, dc = time.perf_counter() - t0, time.process_time() - c0
             best = dt if best is None else min(best, dt)
             best_cpu = dc if best_cpu is None else min(best_cpu, dc)
@@ -82,16 +82,11 @@ def main():
             tok.backend_tokenizer.encode_batch(texts[i : i + 256], add_special_tokens=False)
         ceiling_all_cores = n_tok / (time.perf_counter() - t0)
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        print(
-            f"data: {len(recs):,} conversations, {n_tok:,} tokens ({n_tok / len(recs):,.0f} per sample), "
-            f"{in_bytes / 2**20:.1f} MiB "
-            f"in {a.files} files; generated in {gen_s:.1f} s"
-        )
-        print(
-            f"ceiling (raw encode_batch, 1 thread): {ceiling:,.0f} tokens/s wall, {ceiling_cpu:,.0f} tokens per "
-            "CPU-second; "
-            f"multi-threaded encode_batch on all {os.cpu_count()} cores: {ceiling_all_cores:,.0f} tokens/s"
-        )
+        print(f"data: {len(recs):,} conversations, {n_tok:,} tokens ({n_tok / len(recs):,.0f} per sample), "
+              f"{in_bytes / 2**20:.1f} MiB in {a.files} files; generated in {gen_s:.1f} s")
+        print(f"ceiling (raw encode_batch, 1 thread): {ceiling:,.0f} tokens/s wall, {ceiling_cpu:,.0f} tokens per "
+              f"CPU-second; multi-threaded encode_batch on all {os.cpu_count()} cores: "
+              f"{ceiling_all_cores:,.0f} tokens/s")
 
         runs, shard_bytes = {}, int(a.shard_mb * 2**20)
         for w in (1, 2):
@@ -99,32 +94,21 @@ def main():
             for rep in range(a.repeats):
                 out = work / f"out-{w}-{rep}"
                 t0 = time.perf_counter()
-                m = tokenize_dataset(
-                    str(work / "in"), tok_dir, out, DataConfig(workers=w, shard_bytes=shard_bytes), verbose=False
-                )
+                m = tokenize_dataset(str(work / "in"), tok_dir, out, DataConfig(workers=w, shard_bytes=shard_bytes),
+                                     verbose=False)
                 wall = time.perf_counter() - t0
                 r, tokens = m["run"], m["audit"]["tokens"]
-                res = {
-                    "workers": w,
-                    "tokens": tokens,
-                    "samples": m["audit"]["kept"],
-                    "shards": r["shards"],
-                    "total_wall_s": round(wall, 3),
-                    "processing_s": r["work_seconds"],
-                    "busy_s": r["busy_seconds"],
-                    "tokens_per_s": round(tokens / r["work_seconds"]),
-                    "per_worker": round(tokens / r["work_seconds"] / w),
-                    "steady_per_worker": round(tokens / r["busy_seconds"]),
-                    "per_worker_cpu": round(tokens / r["cpu_seconds"]),
-                    "total_wall_tokens_per_s": round(tokens / wall),
-                }
+                res = dict(workers=w, tokens=tokens, samples=m["audit"]["kept"], shards=r["shards"],
+                           total_wall_s=round(wall, 3), processing_s=r["work_seconds"], busy_s=r["busy_seconds"],
+                           tokens_per_s=round(tokens / r["work_seconds"]),
+                           per_worker=round(tokens / r["work_seconds"] / w),
+                           steady_per_worker=round(tokens / r["busy_seconds"]),
+                           per_worker_cpu=round(tokens / r["cpu_seconds"]),
+                           total_wall_tokens_per_s=round(tokens / wall))
                 if best is None or res["tokens_per_s"] > best["tokens_per_s"]: best = res
-                print(
-                    f"{w} worker(s), run {rep + 1}: {res['tokens_per_s']:>10,} tokens/s = {res['per_worker']:>9,} per "
-                    "worker "
-                    f"(steady {res['steady_per_worker']:,}; {res['per_worker_cpu']:,} per CPU-second; processing "
-                    f"{r['work_seconds']:.1f} s, whole call {wall:.1f} s)"
-                )
+                print(f"{w} worker(s), run {rep + 1}: {res['tokens_per_s']:>10,} tokens/s = {res['per_worker']:>9,} "
+                      f"per worker (steady {res['steady_per_worker']:,}; {res['per_worker_cpu']:,} per CPU-second; "
+                      f"processing {r['work_seconds']:.1f} s, whole call {wall:.1f} s)")
             runs[w] = best
         same = {p.name: p.read_bytes() for p in (work / "out-1-0").glob("shard-*.arrow")} == \
                {p.name: p.read_bytes() for p in (work / "out-2-0").glob("shard-*.arrow")}
@@ -133,68 +117,39 @@ def main():
 
     load_after = os.getloadavg()
     r1, r2 = runs[1], runs[2]
-    ratios = {
-        "e2e_per_worker_vs_ceiling_1w": round(r1["per_worker"] / ceiling, 3),
-        "e2e_per_worker_vs_ceiling_2w": round(r2["per_worker"] / ceiling, 3),
-        "second_worker_gain": round(r2["tokens_per_s"] / r1["tokens_per_s"] - 1, 3),
-        "steady_second_worker_gain": round(2 * r2["steady_per_worker"] / r1["steady_per_worker"] - 1, 3),
-        "vs_seed_per_worker": round(r1["per_worker"] / 37_000, 1),
-        "cpu_e2e_vs_ceiling_1w": round(r1["per_worker_cpu"] / ceiling_cpu, 3),
-        "cpu_e2e_vs_ceiling_2w": round(r2["per_worker_cpu"] / ceiling_cpu, 3),
-        "e2e_2w_total_vs_all_cores_ceiling": round(r2["tokens_per_s"] / ceiling_all_cores, 3),
-    }
+    ratios = dict(e2e_per_worker_vs_ceiling_1w=round(r1["per_worker"] / ceiling, 3),
+                  e2e_per_worker_vs_ceiling_2w=round(r2["per_worker"] / ceiling, 3),
+                  second_worker_gain=round(r2["tokens_per_s"] / r1["tokens_per_s"] - 1, 3),
+                  steady_second_worker_gain=round(2 * r2["steady_per_worker"] / r1["steady_per_worker"] - 1, 3),
+                  vs_seed_per_worker=round(r1["per_worker"] / 37_000, 1),
+                  cpu_e2e_vs_ceiling_1w=round(r1["per_worker_cpu"] / ceiling_cpu, 3),
+                  cpu_e2e_vs_ceiling_2w=round(r2["per_worker_cpu"] / ceiling_cpu, 3),
+                  e2e_2w_total_vs_all_cores_ceiling=round(r2["tokens_per_s"] / ceiling_all_cores, 3))
     targets = {"per_worker_ge_300k": r1["per_worker"] >= 300_000 and r2["per_worker"] >= 300_000,
                "ge_half_ceiling": ratios["e2e_per_worker_vs_ceiling_1w"] >= 0.5,
                "second_worker_adds_ge_70pct": ratios["second_worker_gain"] >= 0.7}
-    print(
-        f"per worker vs ceiling: 1 worker {ratios['e2e_per_worker_vs_ceiling_1w']:.2f}, 2 workers "
-        f"{ratios['e2e_per_worker_vs_ceiling_2w']:.2f} (target >= 0.5)"
-    )
-    print(
-        f"per CPU-second (load-independent): 1 worker {r1['per_worker_cpu']:,}, 2 workers {r2['per_worker_cpu']:,} per "
-        "worker; "
-        f"vs ceiling {ratios['cpu_e2e_vs_ceiling_1w']:.2f} / {ratios['cpu_e2e_vs_ceiling_2w']:.2f}"
-    )
-    print(
-        f"second worker adds {ratios['second_worker_gain']:.0%} (steady state "
-        f"{ratios['steady_second_worker_gain']:.0%}; target >= 70%)"
-    )
+    print(f"per worker vs ceiling: 1 worker {ratios['e2e_per_worker_vs_ceiling_1w']:.2f}, 2 workers "
+          f"{ratios['e2e_per_worker_vs_ceiling_2w']:.2f} (target >= 0.5)")
+    print(f"per CPU-second (load-independent): 1 worker {r1['per_worker_cpu']:,}, 2 workers {r2['per_worker_cpu']:,} "
+          f"per worker; vs ceiling {ratios['cpu_e2e_vs_ceiling_1w']:.2f} / {ratios['cpu_e2e_vs_ceiling_2w']:.2f}")
+    print(f"second worker adds {ratios['second_worker_gain']:.0%} (steady state "
+          f"{ratios['steady_second_worker_gain']:.0%}; target >= 70%)")
     print(f"shards identical for 1 and 2 workers: {same}")
-    print(
-        f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs; targets: "
-        f"{targets}"
-    )
+    print(f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} on {os.cpu_count()} CPUs; targets: "
+          f"{targets}")
     if max(load_before[0], load_after[0]) > 0.5 * (os.cpu_count() or 1):
-        print(
-            "warning: the machine was busy with other work; wall-clock figures (the 2-worker scaling most) are lower "
-            "than on a quiet machine"
-        )
-    summary = {
-        "bench": "tokenize",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in load_after],
-        },
-        "data": {
-            "records": len(recs),
-            "tokens": n_tok,
-            "tokens_per_sample": round(n_tok / len(recs)),
-            "input_bytes": in_bytes,
-            "files": a.files,
-            "shard_bytes": shard_bytes,
-        },
-        "ceiling_tokens_per_s": round(ceiling),
-        "ceiling_tokens_per_cpu_s": round(ceiling_cpu),
-        "ceiling_all_cores_tokens_per_s": round(ceiling_all_cores),
-        "runs": {f"{w}_workers": r for w, r in runs.items()},
-        "ratios": ratios,
-        "targets_met": targets,
-        "shards_identical_1w_2w": same,
-    }
-    from _common import write_json
+        print("warning: the machine was busy with other work; wall-clock figures (the 2-worker scaling most) are "
+              "lower than on a quiet machine")
+    summary = dict(bench="tokenize",
+                   machine=dict(cpus=os.cpu_count(), platform=platform.platform(), python=platform.python_version(),
+                                loadavg_before=[round(x, 2) for x in load_before],
+                                loadavg_after=[round(x, 2) for x in load_after]),
+                   data=dict(records=len(recs), tokens=n_tok, tokens_per_sample=round(n_tok / len(recs)),
+                             input_bytes=in_bytes, files=a.files, shard_bytes=shard_bytes),
+                   ceiling_tokens_per_s=round(ceiling), ceiling_tokens_per_cpu_s=round(ceiling_cpu),
+                   ceiling_all_cores_tokens_per_s=round(ceiling_all_cores),
+                   runs={f"{w}_workers": r for w, r in runs.items()}, ratios=ratios, targets_met=targets,
+                   shards_identical_1w_2w=same)
     write_json(a.out, summary, indent=2)
     print("wrote", a.out)
 
