@@ -116,8 +116,16 @@ lint: install
 # slow cells run in CI too; gpu cells only where a CUDA device is present
 TEST_FLAGS := slow $(shell $(PY) -c "import torch; print('gpu' if torch.cuda.is_available() else '')" 2>/dev/null)
 
+# in a TMPDIR of its own: a chapter that leaves a temp file (torch's compile cache aside) or a file in the repository
+# behind fails here (tests/test_notebooks_run_all.py runs the chapters with cells nbdev_test skips, as JupyterLab does)
+REPO_FILES := git status --porcelain --ignored --untracked-files=all | grep -v -e __pycache__ -e '\.pyc' -e checkpoints
 nbtest: install serving
-	$(VENV)/bin/nbdev_test --n_workers 2 --timing --flags "$(TEST_FLAGS)"
+	@before=$$($(REPO_FILES)); tmp=$$(mktemp -d); \
+	TMPDIR=$$tmp $(VENV)/bin/nbdev_test --n_workers 2 --timing --flags "$(TEST_FLAGS)"; rc=$$?; \
+	left=$$(ls -A $$tmp | grep -v '^torchinductor_'); rm -rf $$tmp; \
+	if [ -n "$$left" ]; then echo "nbdev_test left temp files behind: $$left"; rc=1; fi; \
+	if [ "$$before" != "$$($(REPO_FILES))" ]; then echo "nbdev_test left files in the repository:"; \
+	  diff <(echo "$$before") <($(REPO_FILES)); rc=1; fi; exit $$rc
 
 # two pytest-xdist workers, each test module on one worker (its module fixtures are built once), the modules holding
 # slow tests first (tests/conftest.py); Run All compares the repository's file list before and after each notebook,

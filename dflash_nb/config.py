@@ -593,9 +593,11 @@ class CliParser(argparse.ArgumentParser):
 # %% ../nbs/00a_config.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:
     "A temporary directory removed when this Python process exits (a notebook's Run All leaves nothing behind)."
-    import atexit, shutil, tempfile
+    import multiprocessing.util, shutil, tempfile
     d = Path(tempfile.mkdtemp(prefix=prefix))
-    atexit.register(shutil.rmtree, d, True)
+    # a multiprocessing finalizer, not `atexit`: it runs at a normal exit and also when a pool worker (nbdev_test runs
+    # chapters in one) ends, which leaves through os._exit and so never runs atexit's hooks
+    multiprocessing.util.Finalize(None, shutil.rmtree, (d, True), exitpriority=0)
     return d
 
 # %% ../nbs/00a_config.ipynb #20e7faad

@@ -1,8 +1,11 @@
-"""Run All, the way a reader runs a chapter in JupyterLab: every notebook top to bottom in a fresh kernel with nbclient,
-flagged cells included (`nbdev_test` skips `#| slow` / `#| gpu` cells and `#| eval: false`; JupyterLab runs them all).
-No cell may fail (GPU-only cells must say what they would do and skip on a CPU machine), nothing may be left behind in
-the repository or in the kernel's temp dir, and each chapter must finish within its time budget."""
-import os, subprocess, time
+"""Run All, the way a reader runs a chapter in JupyterLab: a notebook top to bottom in a fresh kernel with nbclient,
+flagged cells included. `make nbtest` (nbdev_test with the `slow` flag, in a TMPDIR of its own, checked for leftovers)
+already runs every other cell of every chapter, so Run All runs the chapters holding cells nbdev_test skips on this
+machine (`#| eval: false`, `#| gpu` without CUDA): no cell may fail (GPU-only cells must say what they would do and
+skip on a CPU machine), nothing may be left behind in the repository or in the kernel's temp dir, and each chapter must
+finish within its time budget. What else differs under a kernel, the `__main__` guards of the CLIs (JupyterLab's kernel
+runs cells as `__main__` with `-f` in argv), is checked on every chapter's source."""
+import os, re, subprocess, time
 from pathlib import Path
 
 import nbformat
@@ -11,7 +14,15 @@ from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
 REPO = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((REPO / "nbs").glob("*.ipynb"))
+CHAPTERS = sorted((REPO / "nbs").glob("*.ipynb"))
+SKIPPED_BY_NBDEV_TEST = re.compile(r"^#\|\s*(eval:\s*false|gpu)\b", re.M)   # cells `make nbtest` does not run here
+
+
+def _cells(nb: Path) -> list[str]:
+    return ["".join(c["source"]) for c in nbformat.read(nb, as_version=4).cells if c.cell_type == "code"]
+
+
+NOTEBOOKS = [nb for nb in CHAPTERS if any(SKIPPED_BY_NBDEV_TEST.search(src) for src in _cells(nb))]
 BUDGET_S = 420          # per chapter on a 2-core CI machine (the longest, the trainer and the demo, take ~2-4 min)
 
 
@@ -23,7 +34,15 @@ def _repo_state() -> set[str]:
 
 
 def test_every_chapter_is_collected():
-    assert len(NOTEBOOKS) >= 12 and all(nb.name[:2].isdigit() or nb.name == "index.ipynb" for nb in NOTEBOOKS)
+    assert len(CHAPTERS) >= 12 and all(nb.name[:2].isdigit() or nb.name == "index.ipynb" for nb in CHAPTERS)
+    assert {"01d_data", "06_loss"} <= {nb.stem for nb in NOTEBOOKS}, NOTEBOOKS   # an eval: false and a gpu cell
+
+
+def test_main_guards_hold_under_a_kernel():
+    "A CLI's `__main__` guard must not fire in JupyterLab's kernel, whose cells run as `__main__` (11_train once did)."
+    bad = [f"{nb.name}: {line.strip()}" for nb in CHAPTERS for src in _cells(nb) for line in src.splitlines()
+           if re.match(r"\s*if __name__ == .__main__.", line) and '"ipykernel" not in sys.modules' not in line]
+    assert not bad, "guard with `and \"ipykernel\" not in sys.modules`:\n" + "\n".join(bad)
 
 
 @pytest.mark.slow
