@@ -788,19 +788,8 @@ def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
         )
     for name, pf in convs.items():
         rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
-        sets[name] = prompt_set_tau(
-            drafter,
-            model,
-            rendered[name],
-            args.temperature,
-            n_new,
-            B,
-            stop_token_ids=stop,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-            backend=args.backend,
-        )
+        sets[name] = prompt_set_tau(drafter, model, rendered[name], args.temperature, n_new, B, stop_token_ids=stop,
+                                    top_p=args.top_p, top_k=args.top_k, seed=args.seed, backend=args.backend)
     print(
         f"τ, block size {B}, at most {n_new} new tokens per prompt"
         + (f", top-p {args.top_p}" if args.top_p < 1 else "")
