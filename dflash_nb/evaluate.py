@@ -674,18 +674,6 @@ def _costs_line(c: dict) -> str:
         f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)"
     )
 
-# %% ../nbs/09b_evaluate.ipynb #bc0e49f1
-def cli():
-    "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
-    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
-    from dflash_nb.config import run_cli
-    from dflash_nb.serving import ServingError, ServingUnavailable
-
-    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))
-
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    cli()
-
 # %% ../nbs/09b_evaluate.ipynb #d6001f23
 def _main_data(args, model, drafter, B) -> dict:
     from dflash_nb.shards import read_shards
@@ -866,3 +854,15 @@ def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
                        stop_token_ids=_stop_ids(model, tok), backend=args.backend, top_p=args.top_p, top_k=args.top_k)
     print(f"drafts at temperature {T:g}: each cycle's accepted drafts in [brackets], the target's tokens bare\n{text}")
     return text
+
+# %% ../nbs/09b_evaluate.ipynb #bc0e49f1
+def cli():
+    "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
+    # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
+    from dflash_nb.config import run_cli
+    from dflash_nb.serving import ServingError, ServingUnavailable
+
+    sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
+    cli()

@@ -45,6 +45,17 @@ def test_main_guards_hold_under_a_kernel():
     assert not bad, "guard with `and \"ipykernel\" not in sys.modules`:\n" + "\n".join(bad)
 
 
+def test_main_guards_come_last():
+    "A module's `__main__` guard is its last statement: a definition after it is missing when the CLI runs (09b once)."
+    import ast
+    late = []
+    for py in sorted((REPO / "dflash_nb").glob("*.py")):
+        body = ast.parse(py.read_text()).body
+        guards = [i for i, node in enumerate(body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+        if guards and guards[-1] != len(body) - 1: late.append(f"{py.name}: {ast.unparse(body[guards[-1] + 1])[:60]}")
+    assert not late, "defined after the `__main__` guard (move the guard's cell last):\n" + "\n".join(late)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=[nb.stem for nb in NOTEBOOKS])
 def test_run_all_in_a_fresh_kernel(nb, tmp_path, monkeypatch):
