@@ -118,7 +118,7 @@ TEST_FLAGS := slow $(shell $(PY) -c "import torch; print('gpu' if torch.cuda.is_
 
 # in a TMPDIR of its own: a chapter that leaves a temp file (torch's compile cache aside) or a file in the repository
 # behind fails here (tests/test_notebooks_run_all.py runs the chapters with cells nbdev_test skips, as JupyterLab does)
-REPO_FILES := git status --porcelain --ignored --untracked-files=all | grep -v -e __pycache__ -e '\.pyc' -e checkpoints
+REPO_FILES := git status --porcelain --ignored --untracked-files=all | grep -v -e __pycache__ -e '\.pyc' -e '\.ipynb_checkpoints'
 nbtest: install serving
 	@before=$$($(REPO_FILES)); tmp=$$(mktemp -d); \
 	TMPDIR=$$tmp $(VENV)/bin/nbdev_test --n_workers 2 --timing --flags "$(TEST_FLAGS)"; rc=$$?; \

@@ -23,7 +23,7 @@ def _cells(nb: Path) -> list[str]:
 
 
 NOTEBOOKS = [nb for nb in CHAPTERS if any(SKIPPED_BY_NBDEV_TEST.search(src) for src in _cells(nb))]
-BUDGET_S = 420          # per chapter on a 2-core CI machine (the longest, the trainer and the demo, take ~2-4 min)
+BUDGET_S = 420          # per chapter on a 2-core CI machine (the three run here take under a minute each)
 
 
 def _repo_state() -> set[str]:
