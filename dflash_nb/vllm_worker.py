@@ -162,8 +162,11 @@ def shm_files(pids) -> set[str]:
     return found
 
 # %% ../nbs/01f_vllm_worker.ipynb #00b609c7
+_ending = threading.Lock()   # held by the first thread to call `end_group`: the process ends in its hands
+
 def end_group(tmp=None, rc: int = 3):
     "Kill the rest of this process's group (if it leads one), remove its /dev/shm files and `tmp`, exit with `rc`."
+    _ending.acquire()                                         # a second caller waits here until the first exits
     me = os.getpid()
     if os.getpgrp() == me:                                    # a group of our own: everything in it is ours
         shm = shm_files([me])
