@@ -102,11 +102,6 @@ def make_batch(samples: list[dict], stream: RowStream, row: int, step: int, micr
                  block_pos=block_position_ids(r["position_ids"], anchors, block_size),
                  n_tokens=int((r["doc_ids"] >= 0).sum()), n_loss_tokens=int(r["loss_mask"].sum()))
 
-# %% ../nbs/08f_rows.ipynb #b7f541f7
-class _Failure:
-    "An exception raised in the producer thread, handed to the consumer to re-raise."
-    def __init__(self, exc: BaseException): self.exc = exc
-
 # %% ../nbs/08f_rows.ipynb #cbcfbce8
 class FeatureProducer:
     "`Batch`es with target features on the drafter device: from a thread with a bounded queue, or inline."
@@ -169,6 +164,10 @@ def produce(self: FeatureProducer, step: int, micro: int) -> Batch:
     return b
 
 # %% ../nbs/08f_rows.ipynb #8f1762c5
+class _Failure:
+    "An exception raised in the producer thread, handed to the consumer to re-raise."
+    def __init__(self, exc: BaseException): self.exc = exc
+
 @patch
 def _run(self: FeatureProducer):
     torch.set_num_threads(self.intra_op_threads)
