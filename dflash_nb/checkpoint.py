@@ -17,7 +17,7 @@ from .storage import (UnsafePathError, atomic_dir, atomic_write_text, checked_pa
 # %% auto #0
 __all__ = ['RUN_FILE', 'CheckpointConfig', 'FaultConfig', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside',
            'read_latest', 'step_dirs', 'rng_state', 'set_rng_state', 'save_rngs', 'load_rngs', 'prune_checkpoints',
-           'clean_killed_saves', 'save_checkpoint', 'newest_complete', 'resolve_checkpoint', 'load_checkpoint',
+           'clean_killed_saves', 'save_checkpoint', 'resolve_checkpoint', 'load_checkpoint', 'newest_complete',
            'RunLock', 'check_on_rank0', 'checkpoints_held', 'new_run_id', 'read_run_id', 'read_remote_latest',
            'auto_resume_dir', 'check_own_steps', 'checkpoint_run_id', 'check_run_dir', 'preflight_run_dir',
            'resume_changes']
@@ -225,15 +225,6 @@ def save_checkpoint(
     prune_checkpoints(root, keep, protect)
     return final
 
-# %% ../nbs/08a_checkpoint.ipynb #329d7d14
-def newest_complete(root) -> Optional[Path]:
-    "The newest `step-<digits>` dir of `root` that `load_checkpoint` accepts (every file there, readable); else None."
-    for d in reversed(step_dirs(root)):
-        try: load_checkpoint(d)
-        except (CheckpointError, FileNotFoundError): continue
-        return d
-    return None
-
 # %% ../nbs/08a_checkpoint.ipynb #5cb5fa39
 def resolve_checkpoint(path) -> Path:   # a checkpoint dir, a checkpoints or run dir (its `latest`), or `latest` itself
     "The local checkpoint dir `path` names; FileNotFoundError when there is none."
@@ -262,7 +253,6 @@ def _read(path: Path, how):
                               f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
                               f"nothing from it was run; resume from another checkpoint") from None
 
-# %% ../nbs/08a_checkpoint.ipynb #458aa7b0
 def _read_state(f: Path) -> dict:
     "state.json, which must hold an integer `step`."
     s = read_json(f)
@@ -283,6 +273,15 @@ def load_checkpoint(path) -> dict:   # anything `resolve_checkpoint` accepts
             "optimizer": _read(d / "optimizer.pt", _torch_data), "scheduler": _read(d / "scheduler.pt", _torch_data),
             "rngs": _read(rng, load_rngs) if rng.exists() else _read(d / "rng.pt", _torch_data),  # rng.pt: older ones
             "state": _read(d / "state.json", _read_state)}
+
+# %% ../nbs/08a_checkpoint.ipynb #329d7d14
+def newest_complete(root) -> Optional[Path]:
+    "The newest `step-<digits>` dir of `root` that `load_checkpoint` accepts (every file there, readable); else None."
+    for d in reversed(step_dirs(root)):
+        try: load_checkpoint(d)
+        except (CheckpointError, FileNotFoundError): continue
+        return d
+    return None
 
 # %% ../nbs/08a_checkpoint.ipynb #9a1ae587
 def _pid_alive(pid: int) -> bool:
