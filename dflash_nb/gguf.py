@@ -33,13 +33,12 @@ def fix_pre_tokenizer(tokenizer):
     backend.pre_tokenizer = pre_tokenizers.Sequence([digits, backend.pre_tokenizer])
     return tokenizer
 
-# %% ../nbs/07b_gguf.ipynb #29177a1e
+# %% ../nbs/07b_gguf.ipynb #fe01b8fe
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # type: fmt
 
 class GGUFError(ValueError):
     "A file that is not a well-formed GGUF file."
 
-# %% ../nbs/07b_gguf.ipynb #fe01b8fe
 def check_gguf_header(path) -> dict:
     "Walk the GGUF header (metadata, tensor infos) bounding each count by the bytes left: {tensors, entries, version}."
     import struct

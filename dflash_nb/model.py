@@ -288,12 +288,11 @@ def _rotary_embedding(cfg: DrafterConfig) -> nn.Module:
     )
     return Qwen3RotaryEmbedding(hc)
 
-# %% ../nbs/05_model.ipynb #7753465e
+# %% ../nbs/05_model.ipynb #7d9d9774
 def _layout_args(layout) -> tuple:
     "(anchors, keep, doc_ids, block_size) of an AnchorBlockLayout."
     return layout.anchors, layout.keep, layout.doc_ids, layout.block_size
 
-# %% ../nbs/05_model.ipynb #7d9d9774
 class DrafterAttention(nn.Module):
     "Queries from block tokens, keys/values from `[ctx ; block]`, GQA, q/k RMSNorm, RoPE, anchor-block mask."
     def __init__(self, cfg: DrafterConfig, layer_type: str):

@@ -312,11 +312,10 @@ def fla_causal_conv1d(
     y, _ = causal_conv1d(hidden_states.transpose(1, 2), weight, bias, activation=activation, cu_seqlens=cu_seq_lens_q)
     return y.transpose(1, 2)
 
-# %% ../nbs/07a_target.ipynb #5ffdf0dd
+# %% ../nbs/07a_target.ipynb #e8b6262d
 def _fla_installed() -> bool:
     return importlib.util.find_spec("fla") is not None
 
-# %% ../nbs/07a_target.ipynb #e8b6262d
 def _isolating_kernels(model: nn.Module) -> dict:
     "{module global: (what runs, function)}: the conv and recurrence a packed forward binds on this target's device."
     mod, cuda = _linear_attention_module(model), _device_type(model) == "cuda"
@@ -427,7 +426,6 @@ class TargetFeatures:
         self.pad_token_id = int(getattr(cfg, "pad_token_id", None) or 0)
         self.packing, self.packing_reason = self._choose_packing(packing)
 
-# %% ../nbs/07a_target.ipynb #b5adac97
 @_method(TargetFeatures)
 def _choose_packing(self, packing: str) -> tuple[str, str]:
     "Which path runs ('packed' or 'padded') and why."
