@@ -16,14 +16,17 @@ __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S',
            'scratch_dir', 'finite_json']
 
 # %% ../nbs/00a_config.ipynb #ed2cd3ad
-def patch(fn):
-    "Decorator: `fn` becomes a method of the class its first parameter is annotated with (`def f(self: Cls, ...)`)."
+def patch(fn=None, *, as_prop: bool = False, cls_method: bool = False):
+    """Decorator: `fn` becomes a method of the class its first parameter is annotated with (`def f(self: Cls, ...)`);
+    `@patch(as_prop=True)` makes it a property, `@patch(cls_method=True)` a classmethod (`cls: type[Cls]`)."""
     import inspect
+    if fn is None: return lambda f: patch(f, as_prop=as_prop, cls_method=cls_method)
     inner = inspect.unwrap(fn)                     # through torch.no_grad() and other functools.wraps decorators
     cls = inner.__annotations__[next(iter(inspect.signature(inner).parameters))]
     while isinstance(cls, str): cls = eval(cls, inner.__globals__)   # strings under `from __future__` (or quoted)
+    if typing.get_origin(cls) is type: cls = typing.get_args(cls)[0]  # `cls: type[Cls]`
     fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
-    setattr(cls, fn.__name__, fn)
+    setattr(cls, fn.__name__, property(fn, doc=fn.__doc__) if as_prop else classmethod(fn) if cls_method else fn)
     return fn
 
 # %% ../nbs/00a_config.ipynb #d83dc227

@@ -157,8 +157,8 @@ def _target_rope(tc) -> tuple[float, dict | None]:
     return theta, scaling
 
 # %% ../nbs/05_model.ipynb #8b8c89b1
-@classmethod
-def _from_target(cls, hf_config, **overrides) -> DrafterConfig:
+@patch(cls_method=True)
+def from_target(cls: type[DrafterConfig], hf_config, **overrides) -> DrafterConfig:
     "A drafter config whose unset dimensions come from the target's transformers config."
     tc = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     overrides = {k: v for k, v in overrides.items() if v is not None}
@@ -188,9 +188,6 @@ def _from_target(cls, hf_config, **overrides) -> DrafterConfig:
     if cfg.layer_types is None:
         cfg.layer_types = ["full"] * cfg.num_hidden_layers
     return cfg.validate()
-
-
-DrafterConfig.from_target = _from_target
 
 # %% ../nbs/05_model.ipynb #b278c760
 def _special_ids(tokenizer) -> set[int]:

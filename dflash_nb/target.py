@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from .model import default_target_layer_ids   # the layer rule belongs to the drafter's config (chapter Model)
+from .config import patch
 
 # %% auto #0
 __all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
@@ -391,15 +392,6 @@ def block_causal_mask(
     keep = (doc[:, None] == doc[None, :]).tril_()
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
 
-# %% ../nbs/07a_target.ipynb #a69a98fe
-def _method(cls):
-    "Decorator: add the function to `cls` as a method (a class told across cells, one method per cell)."
-    def add(fn):
-        fn.__qualname__ = f"{cls.__name__}.{fn.__name__}"
-        setattr(cls, fn.__name__, fn)
-        return fn
-    return add
-
 # %% ../nbs/07a_target.ipynb #0486fddb
 class TargetFeatures:
     "Concatenated hidden states of chosen target layers for a packed row, documents isolated, forward stopped early."
@@ -426,8 +418,8 @@ class TargetFeatures:
         self.pad_token_id = int(getattr(cfg, "pad_token_id", None) or 0)
         self.packing, self.packing_reason = self._choose_packing(packing)
 
-@_method(TargetFeatures)
-def _choose_packing(self, packing: str) -> tuple[str, str]:
+@patch
+def _choose_packing(self: TargetFeatures, packing: str) -> tuple[str, str]:
     "Which path runs ('packed' or 'padded') and why."
     if packing not in ("auto", "packed", "padded"):
         raise ValueError(f"packing must be 'auto', 'packed' or 'padded', got {packing!r}")
@@ -437,20 +429,39 @@ def _choose_packing(self, packing: str) -> tuple[str, str]:
     return ("packed" if ok else "padded"), why
 
 # %% ../nbs/07a_target.ipynb #f77e7369
-TargetFeatures.num_features = property(lambda self: len(self.layer_ids), doc="n_t, the number of feature layers")
-TargetFeatures.feature_size = property(lambda self: self.num_features * self.hidden_size, doc="n_t·H")
-TargetFeatures.output_size = property(
-    lambda self: self.feature_size + (self.hidden_size if self.final_norm is not None else 0),
-    doc="columns per token: n_t·H, + H with final_hidden")
-TargetFeatures.embed_tokens = property(lambda self: self.model.get_input_embeddings(), doc="the target's embedding")
-TargetFeatures.lm_head = property(lambda self: self.model.get_output_embeddings(), doc="the target's lm_head")
-TargetFeatures.device = property(lambda self: self.embed_tokens.weight.device, doc="where the forward runs")
-TargetFeatures.dtype = property(lambda self: self.embed_tokens.weight.dtype, doc="the features' dtype")
+@patch(as_prop=True)
+def num_features(self: TargetFeatures) -> int:
+    "n_t, the number of feature layers"
+    return len(self.layer_ids)
+@patch(as_prop=True)
+def feature_size(self: TargetFeatures) -> int:
+    "n_t·H"
+    return self.num_features * self.hidden_size
+@patch(as_prop=True)
+def output_size(self: TargetFeatures) -> int:
+    "columns per token: n_t·H, + H with final_hidden"
+    return self.feature_size + (self.hidden_size if self.final_norm is not None else 0)
+@patch(as_prop=True)
+def embed_tokens(self: TargetFeatures) -> nn.Module:
+    "the target's embedding"
+    return self.model.get_input_embeddings()
+@patch(as_prop=True)
+def lm_head(self: TargetFeatures) -> nn.Module:
+    "the target's lm_head"
+    return self.model.get_output_embeddings()
+@patch(as_prop=True)
+def device(self: TargetFeatures) -> torch.device:
+    "where the forward runs"
+    return self.embed_tokens.weight.device
+@patch(as_prop=True)
+def dtype(self: TargetFeatures) -> torch.dtype:
+    "the features' dtype"
+    return self.embed_tokens.weight.dtype
 
 # %% ../nbs/07a_target.ipynb #3b606f36
-@_method(TargetFeatures)
+@patch
 @contextlib.contextmanager
-def _hooks(self, store: dict):
+def _hooks(self: TargetFeatures, store: dict):
     "Forward hooks that put each feature layer's output in `store` and stop the forward after the last one."
     def make(i):
         def hook(mod, args, out):
@@ -467,8 +478,8 @@ def _hooks(self, store: dict):
         for h in handles: h.remove()
 
 # %% ../nbs/07a_target.ipynb #5c64ccd6
-@_method(TargetFeatures)
-def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
+@patch
+def _run(self: TargetFeatures, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
     "One forward (b, T) → {layer id: (b, T, H)}; stops after the last needed layer."
     store = {}
     with self._hooks(store), torch.inference_mode():
@@ -481,8 +492,8 @@ def _run(self, ids: torch.Tensor, mask, pos: torch.Tensor, **kwargs) -> dict:
     return store
 
 # %% ../nbs/07a_target.ipynb #baf969da
-@_method(TargetFeatures)
-def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
+@patch
+def _packed_inputs(self: TargetFeatures, lengths: list[int]) -> tuple[object, dict]:
     "Attention mask and extra forward kwargs that keep the documents of one unpadded row apart."
     dev, cfg = self.device, _text_config(self.model)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
@@ -499,8 +510,8 @@ def _packed_inputs(self, lengths: list[int]) -> tuple[object, dict]:
     return mask, kwargs
 
 # %% ../nbs/07a_target.ipynb #7d3faf9d
-@_method(TargetFeatures)
-def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
+@patch
+def _write(self: TargetFeatures, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torch.Tensor | None):
     "Scatter one forward's captured states into the row's feature matrix."
     H = self.hidden_size
     pick = (lambda t: t.to(out.device)[valid]) if valid is not None else (lambda t: t.to(out.device)[0])
@@ -511,8 +522,8 @@ def _write(self, out: torch.Tensor, rows: torch.Tensor, store: dict, valid: torc
             out[rows, self.feature_size :] = pick(store["final"]).to(out.dtype)
 
 # %% ../nbs/07a_target.ipynb #5087cbdf
-@_method(TargetFeatures)
-def _packed_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
+@patch
+def _packed_forward(self: TargetFeatures, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
     "The packed path: one forward over the row's real tokens only (no padding computed), documents kept apart."
     lengths, dev = [e - s for s, e in spans], self.device
     rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
@@ -522,8 +533,8 @@ def _packed_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: lis
         self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
 
 # %% ../nbs/07a_target.ipynb #6797ca25
-@_method(TargetFeatures)
-def _padded_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
+@patch
+def _padded_forward(self: TargetFeatures, out: torch.Tensor, input_ids: torch.Tensor, spans: list[tuple[int, int]]):
     "The padded path: length-bucketed micro-batches of right-padded documents."
     dev = self.device
     for batch in bucket_spans(spans, self.max_batch_tokens):
@@ -536,9 +547,9 @@ def _padded_forward(self, out: torch.Tensor, input_ids: torch.Tensor, spans: lis
         self._write(out, rows, self._run(ids, valid.long() if self.use_attention_mask else None, pos), valid)
 
 # %% ../nbs/07a_target.ipynb #46081d65
-@_method(TargetFeatures)
+@patch
 def __call__(
-    self,
+    self: TargetFeatures,
     input_ids: torch.Tensor,  # (S,) long, one packed row
     doc_ids: torch.Tensor,  # (S,) long, −1 = padding
 ) -> torch.Tensor:
