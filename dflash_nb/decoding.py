@@ -10,13 +10,6 @@ import torch
 from torch import nn
 from .config import patch
 
-# %% auto #0
-__all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
-           'rejection_verify', 'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length',
-           'capture_layers', 'snapshot_linear_state', 'restore_cache', 'sample_generate', 'greedy_generate',
-           'speculative_generate', 'forward_costs', 'expected_speedup']
-
-# %% ../nbs/09a_decoding.ipynb #158ae965
 def generated_span(
     loss_mask,  # (S,) 0/1 per token: 1 on the tokens the target generates
 ) -> tuple[int, int]:
@@ -25,6 +18,12 @@ def generated_span(
     idx = torch.nonzero(m).flatten()
     if idx.numel() == 0: return 0, 0
     return int(idx[0]), int(idx[-1]) + 1
+
+# %% auto #0
+__all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
+           'rejection_verify', 'DrafterProposer', 'ForcedProposer', 'walk_sample', 'acceptance_length',
+           'capture_layers', 'snapshot_linear_state', 'restore_cache', 'sample_generate', 'greedy_generate',
+           'speculative_generate', 'forward_costs', 'expected_speedup']
 
 # %% ../nbs/09a_decoding.ipynb #7f7d6d83
 def accepted_prefix(
@@ -358,6 +357,12 @@ def _features_from(store, layer_ids) -> torch.Tensor:
     return torch.cat([store[i][0] for i in layer_ids], dim=-1)
 
 # %% ../nbs/09a_decoding.ipynb #c728cb99
+def _linear_cache_layers_known() -> bool:
+    "transformers ≥ 5 keeps linear-attention state in cache layers whose tensors can be copied and restored."
+    try: from transformers.cache_utils import LinearAttentionCacheLayerMixin  # noqa: F401
+    except ImportError: return False
+    return True
+
 CACHE_MODES = ("auto", "dynamic", "snapshot", "recompute")
 
 def _cache_mode(model, cache: str) -> str:
@@ -371,13 +376,6 @@ def _cache_mode(model, cache: str) -> str:
     if types == {"full_attention"}: return "dynamic"
     snapshot_ok = types <= {"full_attention", "linear_attention"} and _linear_cache_layers_known()
     return "snapshot" if snapshot_ok else "recompute"
-
-# %% ../nbs/09a_decoding.ipynb #82e020d4
-def _linear_cache_layers_known() -> bool:
-    "transformers ≥ 5 keeps linear-attention state in cache layers whose tensors can be copied and restored."
-    try: from transformers.cache_utils import LinearAttentionCacheLayerMixin  # noqa: F401
-    except ImportError: return False
-    return True
 
 # %% ../nbs/09a_decoding.ipynb #c1a5e7b1
 def _linear_layers(cache) -> list:

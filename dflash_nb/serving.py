@@ -8,20 +8,18 @@ import collections, importlib.util, json, os, queue, shutil, signal, subprocess,
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
 
-# %% auto #0
-__all__ = ['WORKER', 'REPO', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said',
-           'VLLMEngine', 'exit_status', 'generate', 'spec_metrics', 'close', 'spec_delta', 'acceptance_length']
-
-# %% ../nbs/01g_serving.ipynb #a431f763
 class ServingUnavailable(RuntimeError):
     "No Python with vLLM to serve with."
 
-# %% ../nbs/01g_serving.ipynb #7c6fbb78
 class ServingError(RuntimeError):
     "vLLM refused or failed; the message is the one line that says why, `log` the worker's last lines of output."
     def __init__(self, message: str, log=()):
         super().__init__(message)
         self.log = list(log)
+
+# %% auto #0
+__all__ = ['WORKER', 'REPO', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said',
+           'VLLMEngine', 'exit_status', 'generate', 'spec_metrics', 'close', 'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #2fa80ebc
 WORKER = Path(vllm_worker.__file__).resolve()   # run as a script by the serving Python
@@ -97,7 +95,6 @@ def _start(self, python: str):
 
 VLLMEngine._start = _start
 
-# %% ../nbs/01g_serving.ipynb #97e34ce9
 def _keep_log(self):
     for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
 
@@ -145,7 +142,6 @@ def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature=0.
            "stop_token_ids": None if stop_token_ids is None else [int(t) for t in stop_token_ids]}
     return {"outputs": (r := self._call(req))["outputs"], "seconds": r["seconds"]}
 
-# %% ../nbs/01g_serving.ipynb #60b4ddd8
 def spec_metrics(self) -> dict | None:
     "vLLM's speculative-decoding counters so far: drafts, draft_tokens, accepted, accepted_per_pos."
     return self._call({"op": "metrics"})["spec"]
@@ -162,7 +158,6 @@ def close(self, wait: float = 60):   # seconds the worker gets to exit after 'cl
         os.close(self._alive)                   # the watch's pipe: the worker's group ends itself if it still runs
         shutil.rmtree(self._tmp, ignore_errors=True)
 
-# %% ../nbs/01g_serving.ipynb #80e041a6
 def _stop(proc, wait: float):
     try:
         proc.stdin.write(json.dumps({"op": "close"}) + "\n")
