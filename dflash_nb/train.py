@@ -20,9 +20,9 @@ from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
 # %% auto #0
-__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'measure_tau', 'export',
-           'keep_freed_memory', 'cpu_threads', 'phase', 'held_checkpoints', 'check_run', 'next_demo_dir',
-           'generation_key', 'save_generated', 'reuse_generated', 'prepare_data', 'run', 'main', 'cli']
+__all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'keep_freed_memory',
+           'cpu_threads', 'phase', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key', 'save_generated',
+           'reuse_generated', 'prepare_data', 'measure_tau', 'export', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -84,24 +84,6 @@ def regen_engine(cfg: RunConfig, target):
     dtype = "float32" if p.device.type == "cpu" else str(p.dtype).removeprefix("torch.")   # as `regenerate` computes
     with VLLMEngine(str(path), dtype=dtype, seed=cfg.train.seed, tokenizer=str(tokenizer_dir(cfg.train.target))) as e:
         yield e
-
-# %% ../nbs/11_train.ipynb #18f62b2f
-def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
-    "τ (and per-position acceptance) of `drafter` on up to `num_samples` held-out samples (the decoding walk)."
-    from dflash_nb.decoding import acceptance_length
-    from dflash_nb.trainer import load_samples
-    was = drafter.training
-    drafter.eval()
-    try:
-        samples = load_samples(data_dir)
-        return acceptance_length(drafter, features, samples, block_size=block_size, num_samples=num_samples)
-    finally: drafter.train(was)
-
-# %% ../nbs/11_train.ipynb #d60c0297
-def export(drafter, drafter_cfg, out_dir, **metadata) -> Path:
-    "The serving-format directory of the trained drafter (config.json + model.safetensors)."
-    from dflash_nb.export import export_drafter
-    return Path(export_drafter(drafter, drafter_cfg, out_dir, metadata=metadata))
 
 # %% ../nbs/11_train.ipynb #c11a0002
 def keep_freed_memory() -> bool:
@@ -270,6 +252,24 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
         train_dir = str(run_dir / "data" / "train")
         tokenize_dataset(inputs, tok_dir, train_dir, cfg.data, verbose=True)
     return train_dir, held_dir
+
+# %% ../nbs/11_train.ipynb #18f62b2f
+def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
+    "τ (and per-position acceptance) of `drafter` on up to `num_samples` held-out samples (the decoding walk)."
+    from dflash_nb.decoding import acceptance_length
+    from dflash_nb.trainer import load_samples
+    was = drafter.training
+    drafter.eval()
+    try:
+        samples = load_samples(data_dir)
+        return acceptance_length(drafter, features, samples, block_size=block_size, num_samples=num_samples)
+    finally: drafter.train(was)
+
+# %% ../nbs/11_train.ipynb #d60c0297
+def export(drafter, drafter_cfg, out_dir, **metadata) -> Path:
+    "The serving-format directory of the trained drafter (config.json + model.safetensors)."
+    from dflash_nb.export import export_drafter
+    return Path(export_drafter(drafter, drafter_cfg, out_dir, metadata=metadata))
 
 # %% ../nbs/11_train.ipynb #d790a0c8
 def run(cfg: RunConfig, reuse_from=()) -> dict:

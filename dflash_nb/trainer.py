@@ -72,7 +72,6 @@ def load_samples(data_dir):
 class NonFiniteError(RuntimeError):
     "Too many non-finite steps in a row."
 
-# %% ../nbs/08h_trainer.ipynb #2fcbb0c7
 _NONFINITE_PARTS = ("features", "loss", "gradients", "weights")   # what can go non-finite in a step, in order
 _FEATURES, _LOSS, _GRADIENTS, _WEIGHTS = range(len(_NONFINITE_PARTS))   # their places in Metrics.nonfinite_parts
 
@@ -104,43 +103,6 @@ def _guard_nonfinite_step(optimizer, bad: torch.Tensor, fused: bool) -> bool:
         optimizer.grad_scale = None
         return True
     return not bool(bad.item())
-
-# %% ../nbs/08h_trainer.ipynb #3545773d
-@dataclass(kw_only=True)
-class Run:
-    "What `build_run` sets up once and every later part of a run uses."
-    cfg: TrainConfig
-    log_prefix: str                   # printed before every line this run prints (the CLI's stage name)
-    rank: int
-    world: int                        # ranks in the process group (1 without torchrun)
-    distributed: bool
-    target_device: torch.device
-    drafter_device: torch.device
-    accum: int                        # micro-batches (rows) per optimizer step on this rank: global_batch / world
-    run_dir: Path
-    ckpt_root: Path                   # run_dir / "checkpoints"
-    log: RunLog
-    tokenizer: object
-    samples: object                   # the memory-mapped tokenized shards
-    stream: RowStream
-    data_id: int                      # identifies the data set (its shards and chat template) in every checkpoint
-    target: nn.Module
-    drafter_cfg: object               # the resolved DrafterConfig
-    features: object                  # the hooked target (TargetFeatures)
-    drafter: nn.Module
-    model: nn.Module                  # the drafter, wrapped in DDP when distributed
-    params: list                      # the drafter's trainable parameters
-    fused: bool                       # AdamW runs fused (a non-finite step is skipped on the device)
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    lm_head_w: torch.Tensor           # the frozen lm_head weight the loss projects with
-    backend: str                      # the attention backend, and why it was picked
-    backend_why: str
-    run_id: Optional[str] = None      # this run's identity (run.json; rank 0), in its checkpoints and S3 prefix
-
-    @property
-    def block_size(self) -> int: return self.drafter_cfg.block_size
-
 
 # %% ../nbs/08h_trainer.ipynb #3246fd79
 def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, log_prefix: str):
@@ -182,7 +144,42 @@ def _run_optimizer(cfg: TrainConfig, drafter: nn.Module, drafter_device: torch.d
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     return params, fused, optimizer, scheduler
 
-# %% ../nbs/08h_trainer.ipynb #60afce96
+# %% ../nbs/08h_trainer.ipynb #3545773d
+@dataclass(kw_only=True)
+class Run:
+    "What `build_run` sets up once and every later part of a run uses."
+    cfg: TrainConfig
+    log_prefix: str                   # printed before every line this run prints (the CLI's stage name)
+    rank: int
+    world: int                        # ranks in the process group (1 without torchrun)
+    distributed: bool
+    target_device: torch.device
+    drafter_device: torch.device
+    accum: int                        # micro-batches (rows) per optimizer step on this rank: global_batch / world
+    run_dir: Path
+    ckpt_root: Path                   # run_dir / "checkpoints"
+    log: RunLog
+    tokenizer: object
+    samples: object                   # the memory-mapped tokenized shards
+    stream: RowStream
+    data_id: int                      # identifies the data set (its shards and chat template) in every checkpoint
+    target: nn.Module
+    drafter_cfg: object               # the resolved DrafterConfig
+    features: object                  # the hooked target (TargetFeatures)
+    drafter: nn.Module
+    model: nn.Module                  # the drafter, wrapped in DDP when distributed
+    params: list                      # the drafter's trainable parameters
+    fused: bool                       # AdamW runs fused (a non-finite step is skipped on the device)
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    lm_head_w: torch.Tensor           # the frozen lm_head weight the loss projects with
+    backend: str                      # the attention backend, and why it was picked
+    backend_why: str
+    run_id: Optional[str] = None      # this run's identity (run.json; rank 0), in its checkpoints and S3 prefix
+
+    @property
+    def block_size(self) -> int: return self.drafter_cfg.block_size
+
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
@@ -521,62 +518,6 @@ class Preemption:
         if self.timer is not None: self.timer.cancel()
         if self.old_handler is not None: signal.signal(signal.SIGTERM, self.old_handler)
 
-# %% ../nbs/08h_trainer.ipynb #8d8211c4
-def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "") -> dict:
-    "Train a DFlash drafter per `cfg` (`target`: one already built, else cfg.target's); returns the run summary."
-    locks = []
-    try: return _train(cfg, target, log_prefix, locks)
-    finally:
-        for l in locks: l.release()
-
-# %% ../nbs/08h_trainer.ipynb #ba1c9391
-def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
-    run = build_run(cfg, target, log_prefix, locks)
-    start, counters = resume_from(run)
-    metrics = Metrics(run.drafter_device, run.block_size)
-    metrics.nonfinite_total += counters["nonfinite_total"]
-    ckpt = Checkpointer(run, metrics, start)
-    preempt = Preemption(cfg.sigterm_wait_s)
-    producer, drafter_clock = make_producer(run, start), Stopwatch(run.drafter_device)
-    _announce(run, start)
-    run.log.start(start)
-    last, history, t_start, stopped, step, cost = {}, [], time.perf_counter(), None, start, None
-    try:
-        run.model.train()
-        for step in range(start, cfg.steps):
-            if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
-            train_step(run, producer, metrics, drafter_clock, step)
-            done = step + 1
-            run.log.advance()
-            if done % cfg.log_every == 0 or done == cfg.steps:
-                # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
-                last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start)
-                history.append(last)
-                run.log.show(last)
-                if cost is None: cost = _report_cost(run, last, done)   # what the whole run will cost, once measured
-                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last, metrics)
-                # sync: one rank's SIGTERM stops every rank after this same step (all-reduced here: we sync anyway)
-                if run.distributed: preempt.agree(run.drafter_device)
-            # sync: a checkpoint reads the non-finite counter (none after too many bad steps) and gathers the RNGs
-            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
-                with preempt.hold(): ckpt.checkpoint(done)
-            if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
-                with preempt.hold(): ckpt.checkpoint(done)
-                stopped = "sigterm"
-                break
-        else:
-            _some_step_finite(run, metrics, cfg.steps - start, counters["nonfinite_total"])
-            with preempt.hold():
-                if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
-            step = cfg.steps
-    finally:
-        producer.close()
-        preempt.restore()
-        ckpt.close()
-        run.log.close()
-    total_s = time.perf_counter() - t_start
-    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, total_s, cost=cost)
-
 # %% ../nbs/08h_trainer.ipynb #4766c505
 def _announce(run: Run, start: int):
     cfg = run.cfg
@@ -589,7 +530,6 @@ def _announce(run: Run, start: int):
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | "
                       f"{precision_line(precision(cfg, run.target, run.drafter_device))} | run dir {run.run_dir}")
 
-# %% ../nbs/08h_trainer.ipynb #faad622e
 def _record_backend(run: Run):
     "Every run dir has attention_backend.json: the probe's record when it ran for this run, else the choice and why."
     p = run.run_dir / "attention_backend.json"
@@ -649,3 +589,58 @@ def _summary(run: Run, ckpt: Checkpointer, metrics: Metrics, history: list, star
     ckpt.check_final_uploaded()
     summary["drafter"], summary["drafter_config"], summary["target"] = run.drafter, run.drafter_cfg, run.target
     return summary
+
+# %% ../nbs/08h_trainer.ipynb #8d8211c4
+def train(cfg: TrainConfig, target: Optional[nn.Module] = None, log_prefix: str = "") -> dict:
+    "Train a DFlash drafter per `cfg` (`target`: one already built, else cfg.target's); returns the run summary."
+    locks = []
+    try: return _train(cfg, target, log_prefix, locks)
+    finally:
+        for l in locks: l.release()
+
+def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
+    run = build_run(cfg, target, log_prefix, locks)
+    start, counters = resume_from(run)
+    metrics = Metrics(run.drafter_device, run.block_size)
+    metrics.nonfinite_total += counters["nonfinite_total"]
+    ckpt = Checkpointer(run, metrics, start)
+    preempt = Preemption(cfg.sigterm_wait_s)
+    producer, drafter_clock = make_producer(run, start), Stopwatch(run.drafter_device)
+    _announce(run, start)
+    run.log.start(start)
+    last, history, t_start, stopped, step, cost = {}, [], time.perf_counter(), None, start, None
+    try:
+        run.model.train()
+        for step in range(start, cfg.steps):
+            if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
+            train_step(run, producer, metrics, drafter_clock, step)
+            done = step + 1
+            run.log.advance()
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                # sync: the interval's device accumulators are read (and all-reduced) once per log_every steps
+                last = log_interval(run, metrics, producer, drafter_clock, done, start, t_start)
+                history.append(last)
+                run.log.show(last)
+                if cost is None: cost = _report_cost(run, last, done)   # what the whole run will cost, once measured
+                if last["nonfinite_worst_run"] >= cfg.max_nonfinite: _too_many_nonfinite(run, last, metrics)
+                # sync: one rank's SIGTERM stops every rank after this same step (all-reduced here: we sync anyway)
+                if run.distributed: preempt.agree(run.drafter_device)
+            # sync: a checkpoint reads the non-finite counter (none after too many bad steps) and gathers the RNGs
+            if cfg.checkpoint.every and done % cfg.checkpoint.every == 0 and done < cfg.steps:
+                with preempt.hold(): ckpt.checkpoint(done)
+            if preempt.requested and (not run.distributed or done % cfg.log_every == 0):   # only where the ranks agreed
+                with preempt.hold(): ckpt.checkpoint(done)
+                stopped = "sigterm"
+                break
+        else:
+            _some_step_finite(run, metrics, cfg.steps - start, counters["nonfinite_total"])
+            with preempt.hold():
+                if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
+            step = cfg.steps
+    finally:
+        producer.close()
+        preempt.restore()
+        ckpt.close()
+        run.log.close()
+    total_s = time.perf_counter() - t_start
+    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, total_s, cost=cost)
