@@ -137,6 +137,10 @@ def _too_much(p: Path, where: str) -> Exception:
 # %% ../nbs/01e_prompts.ipynb #62ad3b2d
 MAX_PARQUET_GROUP_VALUES = 1 << 24   # leaf values in one row group: reading it allocates for every one
 
+def _is_bytes(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
 def _decoded_bytes(arr) -> int:
     "Bytes column `arr` holds once decoded (dictionaries expanded, lists and structs walked): counted, not expanded."
     import numpy as np, pyarrow as pa, pyarrow.compute as pc
@@ -154,10 +158,6 @@ def _decoded_bytes(arr) -> int:
     return 8 * len(arr)
 
 # %% ../nbs/01e_prompts.ipynb #c056904e
-def _is_bytes(t) -> bool:
-    import pyarrow as pa
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-
 def _parquet_file(p: Path):
     "The Parquet file at `p` with its text columns read as dictionaries (as stored; nothing expanded)."
     import pyarrow.parquet as pq

@@ -96,6 +96,25 @@ def _add_sample(st: dict, rows: list, res, src: str, h: str, cfg: DataConfig):
     st["tokens"] += len(ids)
     st["loss_tokens"] += n_loss
 
+# %% ../nbs/01c_shards.ipynb #917079ec
+def _read_range(task: ShardTask, cfg: DataConfig):
+    "The lines of `task`'s byte range; a file or object that cannot be read is an `InputError` naming it."
+    try:
+        with open_input(task.file, max(0, task.start - 1), cfg) as fh:
+            yield from iter_range_lines(fh, task.start, task.end)
+    except Exception as err:
+        raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:300]}") from None
+
+# %% ../nbs/01c_shards.ipynb #14bde11f
+def _write_shard_file(path: Path, batches: list, stats: dict):
+    "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
+    schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
+    marker = stats.get("dataset") or None                     # the data set's id marks the temp name as ours
+    with atomic_writer(path, marker=marker) as raw, pa.ipc.new_file(raw, schema) as w:  # footer before the rename
+        for b in batches:
+            w.write_batch(b)
+
 # %% ../nbs/01c_shards.ipynb #dd84306d
 def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfig) -> dict:
     "Tokenize the records of `task` into `shard-NNNNN.arrow` (atomically); returns the shard's statistics."
@@ -137,25 +156,6 @@ def write_shard(task: ShardTask, out_dir, encoder: SampleEncoder, cfg: DataConfi
                                                                                          "the file holds no records")
     _write_shard_file(shard_path(out_dir, task.index), batches, st)
     return st
-
-# %% ../nbs/01c_shards.ipynb #917079ec
-def _read_range(task: ShardTask, cfg: DataConfig):
-    "The lines of `task`'s byte range; a file or object that cannot be read is an `InputError` naming it."
-    try:
-        with open_input(task.file, max(0, task.start - 1), cfg) as fh:
-            yield from iter_range_lines(fh, task.start, task.end)
-    except Exception as err:
-        raise InputError(f"input {task.file.uri}: cannot read it: {type(err).__name__}: "
-                         f"{' '.join(str(err).split())[:300]}") from None
-
-# %% ../nbs/01c_shards.ipynb #14bde11f
-def _write_shard_file(path: Path, batches: list, stats: dict):
-    "The shard's Arrow file, its statistics in the schema metadata, written atomically (chapter Storage)."
-    schema = SCHEMA.with_metadata({b"dflash_nb.shard": json.dumps(stats, sort_keys=True).encode()})
-    marker = stats.get("dataset") or None                     # the data set's id marks the temp name as ours
-    with atomic_writer(path, marker=marker) as raw, pa.ipc.new_file(raw, schema) as w:  # footer before the rename
-        for b in batches:
-            w.write_batch(b)
 
 # %% ../nbs/01c_shards.ipynb #38afc04b
 def shard_stats(path) -> Optional[dict]:
@@ -314,49 +314,12 @@ def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     cfg = from_dict(DataConfig, cfg)
     _WORKER["cfg"], _WORKER["encoder"] = cfg, SampleEncoder(TokenizerSpec(**spec), cfg)
 
-# %% ../nbs/01c_shards.ipynb #ec2307e4
 def _run_task(task: dict, out_dir: str) -> tuple[dict, float, float]:
     "One shard in a worker: (statistics, wall seconds, CPU seconds)."
     t0, c0 = time.perf_counter(), time.process_time()
     task = ShardTask(**{**task, "file": InputFile(**task["file"])})
     st = write_shard(task, out_dir, _WORKER["encoder"], _WORKER["cfg"])
     return st, time.perf_counter() - t0, time.process_time() - c0
-
-# %% ../nbs/01c_shards.ipynb #91b099ca
-def _degenerate_message(a: dict) -> str:
-    d, p = a["degenerate"], a["loss_tokens_percentiles"]
-    return (f"{d['count']:,} of {a['samples']:,} samples ({d['share']:.1%}) have fewer than {d['min_loss_tokens']} "
-            "loss tokens, over the "
-            f"limit of {d['max_fraction']:.0%} (max_degenerate_fraction). The loss mask covers only what the model "
-            "generates, and "
-            f"here the median sample has {p.get('p50', 0)} such tokens; {a['empty_reasoning']['share']:.0%} of "
-            "samples have empty "
-            f"reasoning. A drafter trained on this learns almost nothing. "
-            f"Check that the reasoning field is read (DataConfig.field_map), fix the data, or pass --force to keep the "
-            f"good samples anyway (degenerate samples are always dropped).")
-
-# %% ../nbs/01c_shards.ipynb #c7f4b615
-def _dropped_message(a: dict) -> str:
-    d = a["dropped"]
-    malformed = (e for ex in a["malformed"]["examples"].values() for e in ex)
-    first = next(malformed, None) or next(iter(a["duplicates"]["examples"]), "")
-    reasons = ", ".join(f"{k} {v:,}" for k, v in d["by_reason"].items())
-    return (f"{d['count']:,} of {a['records']:,} records ({d['share']:.1%}) were dropped, over the limit of "
-            f"{d['max_fraction']:.0%} (max_malformed_fraction): {reasons} (e.g. {first}). "
-            "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
-            "to keep the good samples.")
-
-def _stripped_message(a: dict) -> str:
-    r = a["reasoning_stripped"]
-    return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
-            "thinking off does "
-            f"not render, so it was stripped, over the limit of {r['max_fraction']:.0%} "
-            "(max_stripped_reasoning_fraction). To train "
-            f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
-
-# %% ../nbs/01c_shards.ipynb #c6be5d15
-def _atomic_json(path: Path, obj):
-    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", marker=obj.get("dataset_id"))
 
 # %% ../nbs/01c_shards.ipynb #bc54484d
 def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, workers: int = 1,
@@ -409,6 +372,53 @@ def run_shards(todo: list[ShardTask], tokenizer, out_dir, cfg: DataConfig, worke
         finally:
             mod._WORKER.clear()
     return stats, busy, cpu
+
+# %% ../nbs/01c_shards.ipynb #91b099ca
+def _degenerate_message(a: dict) -> str:
+    d, p = a["degenerate"], a["loss_tokens_percentiles"]
+    return (f"{d['count']:,} of {a['samples']:,} samples ({d['share']:.1%}) have fewer than {d['min_loss_tokens']} "
+            "loss tokens, over the "
+            f"limit of {d['max_fraction']:.0%} (max_degenerate_fraction). The loss mask covers only what the model "
+            "generates, and "
+            f"here the median sample has {p.get('p50', 0)} such tokens; {a['empty_reasoning']['share']:.0%} of "
+            "samples have empty "
+            f"reasoning. A drafter trained on this learns almost nothing. "
+            f"Check that the reasoning field is read (DataConfig.field_map), fix the data, or pass --force to keep the "
+            f"good samples anyway (degenerate samples are always dropped).")
+
+# %% ../nbs/01c_shards.ipynb #c7f4b615
+def _dropped_message(a: dict) -> str:
+    d = a["dropped"]
+    malformed = (e for ex in a["malformed"]["examples"].values() for e in ex)
+    first = next(malformed, None) or next(iter(a["duplicates"]["examples"]), "")
+    reasons = ", ".join(f"{k} {v:,}" for k, v in d["by_reason"].items())
+    return (f"{d['count']:,} of {a['records']:,} records ({d['share']:.1%}) were dropped, over the limit of "
+            f"{d['max_fraction']:.0%} (max_malformed_fraction): {reasons} (e.g. {first}). "
+            "Fix the input (DataConfig.field_map, role_map, roles), raise --max-malformed-fraction, or pass --force "
+            "to keep the good samples.")
+
+def _stripped_message(a: dict) -> str:
+    r = a["reasoning_stripped"]
+    return (f"{r['count']:,} of {a['samples']:,} samples ({r['share']:.1%}) had reasoning that the chat template with "
+            "thinking off does "
+            f"not render, so it was stripped, over the limit of {r['max_fraction']:.0%} "
+            "(max_stripped_reasoning_fraction). To train "
+            f"on the reasoning, render with thinking on (enable_thinking=true); to train without it, pass --force.")
+
+# %% ../nbs/01c_shards.ipynb #d5593b99
+def _audit_problems(a: dict, cfg: DataConfig) -> list[str]:
+    "What fails the audit `a` against the thresholds of `cfg`, one sentence each; [] when it passes."
+    problems = []
+    if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
+    if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
+    if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
+    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction:
+        problems.append(_stripped_message(a))
+    return problems
+
+# %% ../nbs/01c_shards.ipynb #c6be5d15
+def _atomic_json(path: Path, obj):
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n", marker=obj.get("dataset_id"))
 
 # %% ../nbs/01c_shards.ipynb #8984333d
 # the names of the files this program writes (its temp files are known by the data set's id they carry, not by name)
@@ -479,16 +489,42 @@ def _manifest(ds: str, fps: dict, parts: dict, tkw: dict, cfg: DataConfig, ins: 
             "duplicates": {shard_path(out_dir, i).name: rows for i, rows in dups.items()},
             "audit": a, "forced": False, "run": run}
 
-# %% ../nbs/01c_shards.ipynb #d5593b99
-def _audit_problems(a: dict, cfg: DataConfig) -> list[str]:
-    "What fails the audit `a` against the thresholds of `cfg`, one sentence each; [] when it passes."
-    problems = []
-    if a["samples"] == 0: problems.append(f"no usable samples ({a['malformed']['count']:,} malformed records)")
-    if a["records"] and a["dropped"]["share"] > cfg.max_malformed_fraction: problems.append(_dropped_message(a))
-    if a["samples"] and a["degenerate"]["share"] > cfg.max_degenerate_fraction: problems.append(_degenerate_message(a))
-    if a["samples"] and a["reasoning_stripped"]["share"] > cfg.max_stripped_reasoning_fraction:
-        problems.append(_stripped_message(a))
-    return problems
+# %% ../nbs/01c_shards.ipynb #a3434e0e
+def _column(path: Path, name: str) -> np.ndarray:
+    try:
+        with pa.memory_map(str(path)) as src:
+            t = pa.ipc.open_file(src).read_all()
+    except (OSError, pa.ArrowException) as err:
+        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m "
+                               "dflash_nb.data to rebuild it") from None
+    if not t.num_rows: return np.zeros(0, dtype=np.int32)
+    col = t.column(name)
+    return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
+
+# %% ../nbs/01c_shards.ipynb #c2fd000e
+def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tuple[dict, dict, np.ndarray]:
+    "Rows repeating an earlier sample, in plan order: ({shard: rows}, audit numbers, kept loss lengths)."
+    seen, dups = set(), {}
+    for s in ordered:
+        for r, h in enumerate(s["row_hashes"]):
+            if cfg.dedupe and h in seen: dups.setdefault(s["index"], []).append(r)
+            seen.add(h)
+    info, lengths = {"count": 0, "tokens": 0, "loss_tokens": 0, "examples": []}, []
+    for s in ordered:
+        path = shard_path(out_dir, s["index"])
+        n_loss = _column(path, "n_loss_tokens")
+        rows = dups.get(s["index"])
+        if rows:
+            n_tok, src = _column(path, "n_tokens"), _column(path, "source")
+            info["count"] += len(rows)
+            info["tokens"] += int(n_tok[rows].sum())
+            info["loss_tokens"] += int(n_loss[rows].sum())
+            info["examples"] += [
+                f"{src[r]}: duplicate: the same conversation as an earlier sample" for r in rows[: cfg.max_examples]
+            ]
+            n_loss = np.delete(n_loss, rows)
+        lengths.append(n_loss)
+    return dups, info, np.concatenate(lengths or [np.zeros(0)])
 
 # %% ../nbs/01c_shards.ipynb #595811a8
 def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = None, verbose: bool = True,
@@ -552,49 +588,11 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     _atomic_json(out_dir / "manifest.json", manifest)
     return manifest
 
-# %% ../nbs/01c_shards.ipynb #c2fd000e
-def _find_duplicates(ordered: list[dict], out_dir: Path, cfg: DataConfig) -> tuple[dict, dict, np.ndarray]:
-    "Rows repeating an earlier sample, in plan order: ({shard: rows}, audit numbers, kept loss lengths)."
-    seen, dups = set(), {}
-    for s in ordered:
-        for r, h in enumerate(s["row_hashes"]):
-            if cfg.dedupe and h in seen: dups.setdefault(s["index"], []).append(r)
-            seen.add(h)
-    info, lengths = {"count": 0, "tokens": 0, "loss_tokens": 0, "examples": []}, []
-    for s in ordered:
-        path = shard_path(out_dir, s["index"])
-        n_loss = _column(path, "n_loss_tokens")
-        rows = dups.get(s["index"])
-        if rows:
-            n_tok, src = _column(path, "n_tokens"), _column(path, "source")
-            info["count"] += len(rows)
-            info["tokens"] += int(n_tok[rows].sum())
-            info["loss_tokens"] += int(n_loss[rows].sum())
-            info["examples"] += [
-                f"{src[r]}: duplicate: the same conversation as an earlier sample" for r in rows[: cfg.max_examples]
-            ]
-            n_loss = np.delete(n_loss, rows)
-        lengths.append(n_loss)
-    return dups, info, np.concatenate(lengths or [np.zeros(0)])
-
-# %% ../nbs/01c_shards.ipynb #a3434e0e
-def _column(path: Path, name: str) -> np.ndarray:
-    try:
-        with pa.memory_map(str(path)) as src:
-            t = pa.ipc.open_file(src).read_all()
-    except (OSError, pa.ArrowException) as err:
-        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m "
-                               "dflash_nb.data to rebuild it") from None
-    if not t.num_rows: return np.zeros(0, dtype=np.int32)
-    col = t.column(name)
-    return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
-
 # %% ../nbs/01c_shards.ipynb #08162810
 _HEX16 = re.compile(r"[0-9a-f]{16}")
 
 def _whole(v) -> bool: return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
-# %% ../nbs/01c_shards.ipynb #655c836a
 def _need(ok: bool, where, field: str, want: str, v):
     "CorruptFileError naming the manifest, the field, what it must be and (the start of) what it is."
     if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
@@ -672,6 +670,35 @@ def check_template(
     if data_dir is not None: why = f"refusing to train on {data_dir}: {why} (python -m dflash_nb.data ...)"
     raise DataMismatchError(why)
 
+# %% ../nbs/01c_shards.ipynb #ac0bb1b7
+def _check_rows(path: Path, t, samples: int):
+    "Refuse a shard whose columns do not fit: not the schema, nulls, a row count or a loss mask that is not its ids'."
+    import pyarrow.compute as pc
+    bad = lambda why: CorruptFileError(f"shard {path}: {why}; rerun python -m dflash_nb.data to rebuild it")
+    if not t.schema.remove_metadata().equals(SCHEMA): raise bad(f"not a shard's columns ({t.schema.remove_metadata()})")
+    if t.num_rows != samples: raise bad(f"{t.num_rows} rows, but its manifest entry says {samples} samples")
+    if any(t.column(c).null_count for c in SCHEMA.names): raise bad("a column holds nulls")
+    n = pc.list_value_length(t.column("input_ids")).to_numpy()
+    if not np.array_equal(n, pc.list_value_length(t.column("loss_mask")).to_numpy()):
+        raise bad("a loss mask of another length than its input ids")
+    if not np.array_equal(n, t.column("n_tokens").to_numpy()): raise bad("n_tokens is not the length of input_ids")
+    mask = pc.list_flatten(t.column("loss_mask"))
+    if len(mask) and not set(pc.unique(mask).to_pylist()) <= {0, 1}: raise bad("a loss mask value other than 0 and 1")
+
+# %% ../nbs/01c_shards.ipynb #a7e73a62
+def _check_shard(path: Path, table, manifest: dict, index: int):
+    "Refuse a shard that is not the manifest's: of another data set (the id in its statistics), or at another position."
+    ds = manifest["dataset_id"]                             # there: `check_manifest` refuses a manifest without one
+    try: st = json.loads((table.schema.metadata or {})[b"dflash_nb.shard"])
+    except (KeyError, ValueError): st = {}
+    if st.get("dataset") != ds or st.get("index") != index:
+        what = f"data set {st.get('dataset')}" if st.get("dataset") != ds else f"position {st.get('index')}"
+        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard "
+                                f"{index}): refusing to "
+                                "train on a mix; rerun python -m dflash_nb.data with the data set's inputs to "
+                                "rebuild it")
+    _check_rows(path, table, manifest["shards"][index]["samples"])
+
 # %% ../nbs/01c_shards.ipynb #480c1f78
 class ShardDataset:
     "A tokenized data set, memory-mapped: `ds[i]` is dict(input_ids, loss_mask, n_tokens, n_loss_tokens, source)."
@@ -718,35 +745,6 @@ class ShardDataset:
 
     def __iter__(self):
         for i in range(len(self)): yield self[i]
-
-# %% ../nbs/01c_shards.ipynb #a7e73a62
-def _check_shard(path: Path, table, manifest: dict, index: int):
-    "Refuse a shard that is not the manifest's: of another data set (the id in its statistics), or at another position."
-    ds = manifest["dataset_id"]                             # there: `check_manifest` refuses a manifest without one
-    try: st = json.loads((table.schema.metadata or {})[b"dflash_nb.shard"])
-    except (KeyError, ValueError): st = {}
-    if st.get("dataset") != ds or st.get("index") != index:
-        what = f"data set {st.get('dataset')}" if st.get("dataset") != ds else f"position {st.get('index')}"
-        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard "
-                                f"{index}): refusing to "
-                                "train on a mix; rerun python -m dflash_nb.data with the data set's inputs to "
-                                "rebuild it")
-    _check_rows(path, table, manifest["shards"][index]["samples"])
-
-# %% ../nbs/01c_shards.ipynb #ac0bb1b7
-def _check_rows(path: Path, t, samples: int):
-    "Refuse a shard whose columns do not fit: not the schema, nulls, a row count or a loss mask that is not its ids'."
-    import pyarrow.compute as pc
-    bad = lambda why: CorruptFileError(f"shard {path}: {why}; rerun python -m dflash_nb.data to rebuild it")
-    if not t.schema.remove_metadata().equals(SCHEMA): raise bad(f"not a shard's columns ({t.schema.remove_metadata()})")
-    if t.num_rows != samples: raise bad(f"{t.num_rows} rows, but its manifest entry says {samples} samples")
-    if any(t.column(c).null_count for c in SCHEMA.names): raise bad("a column holds nulls")
-    n = pc.list_value_length(t.column("input_ids")).to_numpy()
-    if not np.array_equal(n, pc.list_value_length(t.column("loss_mask")).to_numpy()):
-        raise bad("a loss mask of another length than its input ids")
-    if not np.array_equal(n, t.column("n_tokens").to_numpy()): raise bad("n_tokens is not the length of input_ids")
-    mask = pc.list_flatten(t.column("loss_mask"))
-    if len(mask) and not set(pc.unique(mask).to_pylist()) <= {0, 1}: raise bad("a loss mask value other than 0 and 1")
 
 # %% ../nbs/01c_shards.ipynb #1085854d
 def read_shards(out_dir) -> ShardDataset:
