@@ -4,16 +4,14 @@
 
 # %% ../nbs/00a_config.ipynb #578e8fd3
 from __future__ import annotations
-import contextlib, dataclasses, math, re, time, traceback, types, typing, yaml, sys
+import contextlib, dataclasses, math, re, types, typing, yaml, sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'SIGTERM_GRACE_S', 'patch', 'ExpectedError', 'ConfigError', 'opt',
-           'parse_document', 'read_document', 'validate_config', 'from_dict', 'to_dict', 'parse_override',
-           'apply_overrides', 'load_config', 'save_config', 'config_help', 'parse_cli', 'error_line', 'invoked_as',
-           'disk_full', 'Terminated', 'sigterm_raises', 'exit_after', 'disarm_watchdogs', 'run_cli', 'CliParser',
-           'scratch_dir', 'finite_json']
+__all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'patch', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
+           'read_document', 'validate_config', 'from_dict', 'to_dict', 'parse_override', 'apply_overrides',
+           'load_config', 'save_config', 'config_help', 'parse_cli']
 
 # %% ../nbs/00a_config.ipynb #ed2cd3ad
 def patch(fn=None, *, as_prop: bool = False, cls_method: bool = False):
@@ -452,162 +450,3 @@ def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
         else:
             overrides.append(a)
     return load_config(cls, path, overrides)
-
-# %% ../nbs/00a_config.ipynb #9202d99a
-def error_line(err: BaseException) -> str:
-    "One line for an expected failure: its message, with the file an `OSError` is about."
-    msg = str(err)
-    if isinstance(err, OSError) and err.filename is not None and err.strerror:
-        msg = f"{err.filename}: {err.strerror}"
-    return " ".join((msg or type(err).__name__).split())
-
-# %% ../nbs/00a_config.ipynb #4c60e093
-def invoked_as(prog: str) -> str:
-    """The command line as the user started it: the console script's name (`dflash-train`) when run through one; else
-    `python -m dflash_nb.train` for a module name `prog` of this package; any other `prog` as it is."""
-    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    if script.startswith("dflash-"):
-        return script
-    return f"python -m {prog}" if prog.startswith("dflash_nb.") else prog
-
-# %% ../nbs/00a_config.ipynb #4d165729
-_DISK_FULL_TEXTS = (
-    "No space left on device",
-    "os error 28",  # safetensors: "I/O error: ... (os error 28)"
-    "iostream error",
-    "PytorchStreamWriter failed writing",
-)  # torch.save loses the errno on a full disk
-
-
-def disk_full(err: BaseException) -> bool:
-    "Whether `err` (or an exception it wraps) is a write that failed on a full disk, however the writer wrapped it."
-    import errno
-
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return True
-        if any(t in str(err) for t in _DISK_FULL_TEXTS):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
-
-# %% ../nbs/00a_config.ipynb #5f717655
-class Terminated(BaseException):
-    "SIGTERM while a command works: raised where the program is, so every temp file and lock is undone on the way out."
-
-_OWNER = []   # the pid that installed the handler: a forked worker inheriting it dies of SIGTERM as usual
-
-def _on_sigterm(signum, frame):
-    import os, signal
-    if _OWNER and _OWNER[-1] != os.getpid():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return
-    exit_after(SIGTERM_GRACE_S, "SIGTERM")
-    raise Terminated("stopped by SIGTERM before it finished; nothing half-written was kept")
-
-@contextlib.contextmanager
-def sigterm_raises():
-    "Within the block (main thread only), SIGTERM raises `Terminated`; the previous handler is restored after."
-    import signal, threading
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    import os
-    old = signal.signal(signal.SIGTERM, _on_sigterm)
-    _OWNER.append(os.getpid())
-    try: yield
-    finally:
-        _OWNER.pop()
-        signal.signal(signal.SIGTERM, old)
-
-# %% ../nbs/00a_config.ipynb #cfa5bc08
-SIGTERM_GRACE_S = 30.0   # after SIGTERM, the longest a command may take to stop before it ends at once (os._exit)
-
-_WATCHDOGS = []   # the armed watchdogs' stop events
-
-def exit_after(grace: float, why: str):
-    "A daemon thread that ends the process (exit 143) after `grace` seconds: stopping must not wait on a stuck call."
-    import os, threading
-    stop = threading.Event()
-    def watchdog():
-        if stop.wait(grace): return          # the command unwound in time
-        print(f"{why}; still running {grace:.0f}s after SIGTERM: exiting now", file=sys.stderr, flush=True)
-        os._exit(143)
-    _WATCHDOGS.append(stop)
-    threading.Thread(target=watchdog, daemon=True, name="sigterm-watchdog").start()
-
-def disarm_watchdogs():
-    "Stop every armed `exit_after`: the command has unwound and returns its exit code itself."
-    while _WATCHDOGS: _WATCHDOGS.pop().set()
-
-# %% ../nbs/00a_config.ipynb #2c84c6dc
-def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
-    """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
-    gives 2; SIGTERM, one line and 143; a bug raises; `--debug` also prints the traceback."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    prog = invoked_as(prog)
-    try:
-        with sigterm_raises():
-            rc = main(argv)
-    except Terminated as err:   # exit 143 as a killed process, one line like any refusal
-        disarm_watchdogs()
-        print(f"{prog}: {error_line(err)}", file=sys.stderr)
-        return 143
-    except Exception as err:
-        full = disk_full(err)
-        import pickle
-        if not full and not isinstance(err, (ExpectedError, OSError, MemoryError, pickle.UnpicklingError, *expected)):
-            raise  # a bug
-        if debug:
-            traceback.print_exc()
-        line = error_line(err)
-        if isinstance(err, pickle.UnpicklingError):   # torch.load(weights_only=True) refused a pickle: nothing ran
-            why = next((l.strip() for l in str(err).splitlines() if "GLOBAL" in l or "Unsupported" in l), "")
-            line = (f"refused to load a pickled weights file that is not plain tensors (torch.load weights_only"
-                    f"{': ' + why if why else ''}); nothing in it ran: use safetensors weights")
-        # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
-        if full:
-            line = (
-                f"no space left on device ({line}); files written before are intact: free space and run again "
-                "(train.resume=auto continues from the last checkpoint)"
-            )
-        print(f"{prog}: error: {line}", file=sys.stderr)
-        return 2
-    return rc if isinstance(rc, int) and not isinstance(rc, bool) else 0
-
-# %% ../nbs/00a_config.ipynb #c7ad0d65
-import argparse
-
-
-class CliParser(argparse.ArgumentParser):
-    "An `ArgumentParser` whose usage errors (unknown flag, missing argument, bad choice) are a `ConfigError`: one line."
-
-    def __init__(self, *args, prog: str | None = None, **kwargs):
-        super().__init__(*args, prog=invoked_as(prog) if prog else None, **kwargs)
-
-    def error(self, message):
-        raise ConfigError(f"{message} (see --help)")
-
-# %% ../nbs/00a_config.ipynb #87096ead
-def scratch_dir(prefix: str = "dflash_nb-") -> Path:
-    "A temporary directory removed when this Python process exits (a notebook's Run All leaves nothing behind)."
-    import multiprocessing.util, shutil, tempfile
-    d = Path(tempfile.mkdtemp(prefix=prefix))
-    # a multiprocessing finalizer, not `atexit`: it runs at a normal exit and also when a pool worker (nbdev_test runs
-    # chapters in one) ends, which leaves through os._exit and so never runs atexit's hooks
-    multiprocessing.util.Finalize(None, shutil.rmtree, (d, True), exitpriority=0)
-    return d
-
-# %% ../nbs/00a_config.ipynb #20e7faad
-def finite_json(obj):
-    "A copy of `obj` for `json.dumps(..., allow_nan=False)`: a float that is inf or nan (a value not measured) is None."
-    if isinstance(obj, float): return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict): return {k: finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return [finite_json(v) for v in obj]
-    return obj
-

@@ -5,7 +5,8 @@
 # %% ../nbs/01d_data.ipynb #44efd27c
 from __future__ import annotations
 import dataclasses, sys
-from .config import ConfigError, load_config, parse_document, run_cli, validate_config
+from .config import ConfigError, load_config, parse_document, validate_config
+from .commands import run_cli
 from .records import DataConfig
 from .shards import tokenize_dataset
 
@@ -26,7 +27,8 @@ def cli():
 # %% ../nbs/01d_data.ipynb #e05332a1
 def _main(argv: list) -> int:
     import argparse
-    from dflash_nb.config import config_help, CliParser
+    from dflash_nb.config import config_help
+    from dflash_nb.commands import CliParser
 
     ap = CliParser(
         prog="dflash_nb.data",

@@ -245,7 +245,7 @@ def _json_dict(text: str, flag: str) -> dict:
 # %% ../nbs/09b_evaluate.ipynb #304d1a5f
 def _parser():
     "The command line of `dflash-eval`."
-    from dflash_nb.config import CliParser
+    from dflash_nb.commands import CliParser
 
     ap = CliParser(
         prog="dflash_nb.evaluate",
@@ -385,7 +385,8 @@ def _parser():
 def main(argv=None) -> dict:
     "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
     args = _parser().parse_args(argv)
-    from dflash_nb.config import ConfigError, finite_json
+    from dflash_nb.config import ConfigError
+    from dflash_nb.commands import finite_json
     from dflash_nb.export import check_drafter_fits
 
     for flag, low in (
@@ -859,7 +860,7 @@ def _cli_drafts(args, model, drafter, B, convs=None, chat_kwargs=None) -> str:
 def cli():
     "Console script `dflash-eval` (`python -m dflash_nb.evaluate`): `main` through `run_cli`; its dict is no exit code."
     # ValueError: a target or drafter that does not fit (transformers' config errors, shape checks); what vLLM refuses
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     from dflash_nb.serving import ServingError, ServingUnavailable
 
     sys.exit(run_cli(main, prog="dflash_nb.evaluate", expected=(ValueError, ServingError, ServingUnavailable)))

@@ -344,7 +344,7 @@ def vllm_serve_line(export_dir, target: str = "<target>") -> str:
 # %% ../nbs/10_export.ipynb #ed7ff82b
 def main(argv=None):
     "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
-    from dflash_nb.config import CliParser
+    from dflash_nb.commands import CliParser
 
     ap = CliParser(
         prog="dflash_nb.export",
@@ -401,7 +401,7 @@ def main(argv=None):
 # %% ../nbs/10_export.ipynb #45f1ddf4
 def cli():
     "Console script `dflash-export` (`python -m dflash_nb.export`): `main` through `run_cli`; its path is no exit code."
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
 
     sys.exit(run_cli(main, prog="dflash_nb.export"))
 

@@ -159,7 +159,8 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
 # %% ../nbs/07b_gguf.ipynb #a7b00014
 def main(argv=None) -> int:
     "`python -m dflash_nb.gguf [--gguf FILE] --out DIR [--dtype float32|bfloat16]`"
-    from dflash_nb.config import CliParser, ExpectedError
+    from dflash_nb.config import ExpectedError
+    from dflash_nb.commands import CliParser
     ap = CliParser(prog="dflash_nb.gguf",
                    description="Convert a GGUF model into a plain HF directory the trainer loads.")
     ap.add_argument("--gguf", default=None,
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
 # %% ../nbs/07b_gguf.ipynb #9b3bdb60
 def cli():
     "Console script `dflash-gguf` (same as `python -m dflash_nb.gguf`): expected failures are one line and exit 2."
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     sys.exit(run_cli(main, prog="dflash_nb.gguf", expected=(ValueError,)))
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 import torch
-from .config import ConfigError, run_cli
+from .config import ConfigError
+from .commands import run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
 from .storage import atomic_write_text
@@ -358,7 +359,7 @@ def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optiona
                  where: Optional[list] = None) -> tuple[list, dict]:   # filled with each prompt's FILE:LINE
     "(conversations, {spec: prompts read}) of every spec in order: FILE, FORMAT=FILE or an s3:// URI."
     from dflash_nb.prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, read_prompt_file
-    from dflash_nb.config import scratch_dir
+    from dflash_nb.commands import scratch_dir
     convs, counts, scratch = [], {}, None
     for spec in map(str, specs):
         fmt, _, path = spec.partition("=")
@@ -546,7 +547,8 @@ def serving_errors() -> tuple:
 # %% ../nbs/01h_regen.ipynb #04adc050
 def _parser():
     import argparse
-    from dflash_nb.config import CliParser, config_help
+    from dflash_nb.config import config_help
+    from dflash_nb.commands import CliParser
     ap = CliParser(prog="dflash_nb.regen", formatter_class=argparse.RawDescriptionHelpFormatter,
                    description="Complete prompts with the target; write chat JSONL shards that dflash-data reads. "
                                "Errors are one line (exit 2); --debug shows their traceback.",

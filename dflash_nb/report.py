@@ -7,7 +7,8 @@ from __future__ import annotations
 import json, math, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import CliParser, ConfigError, ExpectedError, run_cli, read_document, parse_document
+from .config import ConfigError, ExpectedError, read_document, parse_document
+from .commands import CliParser, run_cli
 
 # %% auto #0
 __all__ = ['REPORT_COLUMNS', 'RunRecord', 'read_run', 'run_row', 'format_report_table', 'plot_runs', 'ReportError', 'main', 'cli']

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Literal, Optional
 import torch
 import torch.distributed as dist
-from .config import opt, parse_cli, save_config, ConfigError, run_cli, to_dict
+from .config import opt, parse_cli, save_config, ConfigError, to_dict
+from .commands import run_cli
 from .records import DataConfig
 from .regen import read_prompts, float32_on_cpu, regenerate
 from .build import (
@@ -74,7 +75,7 @@ def regen_engine(cfg: RunConfig, target):
     if cfg.regenerate.engine == "hf":
         yield None
         return
-    from dflash_nb.config import scratch_dir
+    from dflash_nb.commands import scratch_dir
     from dflash_nb.serving import VLLMEngine
     path = cfg.train.target.path
     if path is None:                     # the tiny target: vLLM loads a checkpoint, so it is written as one
@@ -109,7 +110,7 @@ def cpu_threads(n: Optional[int]):
 def phase(name: str, cfg: RunConfig, run_dir: Path):
     """A part of `run` that is not a training step: SIGTERM there unwinds it (`Terminated`), and what it left half-made
     goes: completions being regenerated (no generation.json of this phase records them) are removed."""
-    from dflash_nb.config import Terminated
+    from dflash_nb.commands import Terminated
     gen = run_dir / "generated"
     before = {p.name: p.stat().st_mtime_ns for p in gen.iterdir()} if gen.is_dir() else {}
     if cfg.sigterm_in_phase == name: os.kill(os.getpid(), signal.SIGTERM)   # fault injection for the tests
@@ -383,7 +384,7 @@ def _main(argv: list) -> int:
                 cfg.train.run_dir = str(new)
         report = run(cfg, reuse_from=reuse)
     except NonFiniteError as e:   # one line like run_cli's, and its own exit code: the run diverged, the input was fine
-        from dflash_nb.config import error_line, invoked_as
+        from dflash_nb.commands import error_line, invoked_as
         print(f"{invoked_as('dflash_nb.train')}: error: {error_line(e)}", file=sys.stderr)
         return 3
     finally:

@@ -180,6 +180,7 @@ class Run:
     @property
     def block_size(self) -> int: return self.drafter_cfg.block_size
 
+# %% ../nbs/08h_trainer.ipynb #3291309a
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
@@ -483,7 +484,7 @@ class Preemption:
 
     def handler(self, signum, frame):
         if self.expired and not self.saving:
-            from dflash_nb.config import Terminated
+            from dflash_nb.commands import Terminated
             raise Terminated(f"stopped by SIGTERM: the step in progress did not finish within {self.wait_s:g}s "
                              "(train.sigterm_wait_s); it was abandoned, the checkpoints written before are kept")
         if not self.requested and self.old_handler is not None:
@@ -494,7 +495,7 @@ class Preemption:
 
     def _expire(self):
         "The step did not reach its boundary in time: deliver SIGTERM again to the main thread (retried during a save)."
-        from dflash_nb.config import exit_after, SIGTERM_GRACE_S
+        from dflash_nb.commands import exit_after, SIGTERM_GRACE_S
         if not self.expired: exit_after(SIGTERM_GRACE_S, "SIGTERM: the step in progress never returned")
         self.expired = True
         signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest, torch
 from _trainer_common import TINY, make_data, train_cfg, train_dict, write_run_config, env, REPO
 from dflash_nb import data as data_mod, evaluate as ev, export as ex, train as train_mod
-from dflash_nb.config import ConfigError, apply_overrides, run_cli
+from dflash_nb.config import ConfigError, apply_overrides
+from dflash_nb.commands import run_cli
 from dflash_nb.trainer import train, last_finite_checkpoint, NonFiniteError
 
 FLOW_BOMB = "[&a0 [x, x, x, x, x, x, x, x, x, x], " + ", ".join(

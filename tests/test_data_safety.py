@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from _trainer_common import make_data, train_cfg, train_dict, write_run_config   # noqa: E402
 from dflash_nb import data as data_mod, evaluate as ev, train as train_mod          # noqa: E402
-from dflash_nb.config import ExpectedError, run_cli                                 # noqa: E402
+from dflash_nb.config import ExpectedError
+from dflash_nb.commands import run_cli
 from dflash_nb.records import qwen3_tokenizer_dir                                   # noqa: E402
 from dflash_nb.shards import read_shards, shard_path                                # noqa: E402
 from dflash_nb.trainer import train                                                 # noqa: E402

@@ -4,7 +4,7 @@ The converted model decodes exactly like the GGUF-loaded one, its own generated 
 and the trainer's pipeline runs on it end to end."""
 import json
 import pytest, torch
-from dflash_nb.config import run_cli
+from dflash_nb.commands import run_cli
 from dflash_nb.gguf import smollm2_gguf_path, gguf_to_hf, load_gguf_model, main
 
 PROMPTS = ["What is 12 + 30? Answer with the number.", "List three prime numbers below 20.",

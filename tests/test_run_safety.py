@@ -171,7 +171,7 @@ def served(tmp_path_factory, data_dir):
 
 
 def _eval(argv):
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     from dflash_nb.evaluate import main
     return cli(lambda a: run_cli(main, a, prog="dflash_nb.evaluate"), argv)
 
@@ -243,7 +243,7 @@ HOSTILE = [
 
 def test_report_on_hostile_files(tmp_path):
     "Malformed fields of every file dflash-report reads: one line naming the file and field, the rest still reported."
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     from dflash_nb.report import main
     runs = []
     for i, (name, text, says) in enumerate(HOSTILE):
@@ -271,7 +271,7 @@ def test_report_on_hostile_files(tmp_path):
 def test_report_nothing_readable_is_one_line(tmp_path):
     "Every file of the run unreadable: exit 2, one line."
     from dflash_nb.report import main
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     run = tmp_path / "run"
     run.mkdir()
     for n in ("metrics.jsonl", "summary.json", "report.json"): (run / n).write_text(DEEP_JSON)
@@ -298,7 +298,7 @@ def test_pickled_target_weights_refused_in_one_line(tmp_path):
 
 
 def _gguf(argv):
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     from dflash_nb.gguf import main
     return cli(lambda a: run_cli(main, a, prog="dflash_nb.gguf", expected=(ValueError,)), argv)
 
@@ -338,7 +338,7 @@ def checkpoint(tmp_path_factory, data_dir):
 
 
 def _export(argv):
-    from dflash_nb.config import run_cli
+    from dflash_nb.commands import run_cli
     from dflash_nb.export import main
     return cli(lambda a: run_cli(main, a, prog="dflash_nb.export"), argv)
 
