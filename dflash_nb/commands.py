@@ -6,11 +6,11 @@
 from __future__ import annotations
 import contextlib, math, sys, traceback
 from pathlib import Path
-from .config import ConfigError, ExpectedError
+from .config import ConfigError, ExpectedError, invoked_as
 
 # %% auto #0
-__all__ = ['SIGTERM_GRACE_S', 'error_line', 'invoked_as', 'disk_full', 'Terminated', 'sigterm_raises', 'exit_after',
-           'disarm_watchdogs', 'run_cli', 'CliParser', 'scratch_dir', 'finite_json']
+__all__ = ['SIGTERM_GRACE_S', 'error_line', 'disk_full', 'Terminated', 'sigterm_raises', 'exit_after', 'disarm_watchdogs',
+           'run_cli', 'CliParser', 'scratch_dir', 'finite_json']
 
 # %% ../nbs/00d_commands.ipynb #9202d99a
 def error_line(err: BaseException) -> str:
@@ -19,15 +19,6 @@ def error_line(err: BaseException) -> str:
     if isinstance(err, OSError) and err.filename is not None and err.strerror:
         msg = f"{err.filename}: {err.strerror}"
     return " ".join((msg or type(err).__name__).split())
-
-# %% ../nbs/00d_commands.ipynb #4c60e093
-def invoked_as(prog: str) -> str:
-    """The command line as the user started it: the console script's name (`dflash-train`) when run through one; else
-    `python -m dflash_nb.train` for a module name `prog` of this package; any other `prog` as it is."""
-    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
-    if script.startswith("dflash-"):
-        return script
-    return f"python -m {prog}" if prog.startswith("dflash_nb.") else prog
 
 # %% ../nbs/00d_commands.ipynb #4d165729
 _DISK_FULL_TEXTS = (

@@ -11,7 +11,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'patch', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
            'read_document', 'validate_config', 'from_dict', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'parse_cli']
+           'load_config', 'save_config', 'config_help', 'invoked_as', 'parse_cli']
 
 # %% ../nbs/00a_config.ipynb #ed2cd3ad
 def patch(fn=None, *, as_prop: bool = False, cls_method: bool = False):
@@ -431,6 +431,15 @@ def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
         if "keys" in f.metadata:
             lines.append(_keys_text(f.metadata["keys"]))
     return "\n".join(l for l in lines if l)
+
+# %% ../nbs/00a_config.ipynb #4c60e093
+def invoked_as(prog: str) -> str:
+    """The command line as the user started it: the console script's name (`dflash-train`) when run through one; else
+    `python -m dflash_nb.train` for a module name `prog` of this package; any other `prog` as it is."""
+    script = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    if script.startswith("dflash-"):
+        return script
+    return f"python -m {prog}" if prog.startswith("dflash_nb.") else prog
 
 # %% ../nbs/00a_config.ipynb #bfcafb5f
 def parse_cli(cls, argv=None, prog: str = "dflash_nb"):

@@ -384,7 +384,8 @@ def _main(argv: list) -> int:
                 cfg.train.run_dir = str(new)
         report = run(cfg, reuse_from=reuse)
     except NonFiniteError as e:   # one line like run_cli's, and its own exit code: the run diverged, the input was fine
-        from dflash_nb.commands import error_line, invoked_as
+        from dflash_nb.commands import error_line
+        from dflash_nb.config import invoked_as
         print(f"{invoked_as('dflash_nb.train')}: error: {error_line(e)}", file=sys.stderr)
         return 3
     finally:
