@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections, importlib.util, json, os, queue, shutil, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
+from .config import patch
 
 class ServingUnavailable(RuntimeError):
     "No Python with vLLM to serve with."
@@ -19,7 +20,7 @@ class ServingError(RuntimeError):
 
 # %% auto #0
 __all__ = ['WORKER', 'REPO', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said',
-           'VLLMEngine', 'exit_status', 'generate', 'spec_metrics', 'close', 'spec_delta', 'acceptance_length']
+           'VLLMEngine', 'exit_status', 'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #2fa80ebc
 WORKER = Path(vllm_worker.__file__).resolve()   # run as a script by the serving Python
@@ -74,7 +75,8 @@ class VLLMEngine:
             raise
 
 # %% ../nbs/01g_serving.ipynb #880ebf87
-def _start(self, python: str):
+@patch
+def _start(self: VLLMEngine, python: str):
     from dflash_nb.vllm_worker import PARENT_FD_ENV, TMP_ENV
     r, w = os.pipe()                              # both close-on-exec; the worker gets r alone (pass_fds)
     try:
@@ -93,17 +95,18 @@ def _start(self, python: str):
     self._drain.start()
     threading.Thread(target=self._read_replies, daemon=True).start()
 
-VLLMEngine._start = _start
-
-def _keep_log(self):
+@patch
+def _keep_log(self: VLLMEngine):
     for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
 
-def _read_replies(self, out=None):
+@patch
+def _read_replies(self: VLLMEngine, out=None):
     for line in (out or self.proc.stdout): self._replies.put(line)
     self._replies.put(None)                       # end of output: the worker is gone
 
 # %% ../nbs/01g_serving.ipynb #81eb2394
-def _call(self, req: dict) -> dict:
+@patch
+def _call(self: VLLMEngine, req: dict) -> dict:
     if self.proc is None: raise ServingError("the vLLM engine is closed")
     try:
         self.proc.stdin.write(json.dumps(req) + "\n")
@@ -123,8 +126,6 @@ def _call(self, req: dict) -> dict:
     if "error" in reply: raise ServingError(reply["error"], self.log)
     return reply
 
-VLLMEngine._keep_log, VLLMEngine._read_replies, VLLMEngine._call = _keep_log, _read_replies, _call
-
 # %% ../nbs/01g_serving.ipynb #fb5bbb4d
 def exit_status(rc: int) -> str:
     "How the worker ended, in words: its exit status, or the signal that killed it."
@@ -134,7 +135,8 @@ def exit_status(rc: int) -> str:
     return f"the vLLM worker was killed by {name}{why}"
 
 # %% ../nbs/01g_serving.ipynb #dbc0d1d4
-def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature=0.0, top_p=1.0, top_k=-1,
+@patch
+def generate(self: VLLMEngine, prompts: list[list[int]], max_new_tokens: int, temperature=0.0, top_p=1.0, top_k=-1,
              stop_token_ids=None) -> dict:
     "Continue each prompt (token ids): {'outputs': new token ids per prompt, 'seconds': wall time}."
     req = {"op": "generate", "prompts": [[int(t) for t in p] for p in prompts], "max_new_tokens": int(max_new_tokens),
@@ -142,14 +144,14 @@ def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature=0.
            "stop_token_ids": None if stop_token_ids is None else [int(t) for t in stop_token_ids]}
     return {"outputs": (r := self._call(req))["outputs"], "seconds": r["seconds"]}
 
-def spec_metrics(self) -> dict | None:
+@patch
+def spec_metrics(self: VLLMEngine) -> dict | None:
     "vLLM's speculative-decoding counters so far: drafts, draft_tokens, accepted, accepted_per_pos."
     return self._call({"op": "metrics"})["spec"]
 
-VLLMEngine.generate, VLLMEngine.spec_metrics = generate, spec_metrics
-
 # %% ../nbs/01g_serving.ipynb #98824044
-def close(self, wait: float = 60):   # seconds the worker gets to exit after 'close' before it is killed
+@patch
+def close(self: VLLMEngine, wait: float = 60):   # seconds the worker gets to exit after 'close' before it is killed
     "End the worker, its engine and every process it started; remove its TMPDIR."
     proc, self.proc = getattr(self, "proc", None), None
     if proc is None: return
@@ -171,9 +173,10 @@ def _stop(proc, wait: float):
         except (ProcessLookupError, PermissionError): pass
     proc.wait()
 
-VLLMEngine.close = close
-VLLMEngine.__enter__ = lambda self: self
-VLLMEngine.__exit__ = lambda self, *exc: self.close()
+@patch
+def __enter__(self: VLLMEngine) -> VLLMEngine: return self
+@patch
+def __exit__(self: VLLMEngine, *exc): self.close()
 
 # %% ../nbs/01g_serving.ipynb #b0267703
 def spec_delta(after: dict, before: dict | None) -> dict:

@@ -135,8 +135,6 @@ def test_the_cycle_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-# chapters whose first cell was being rewritten on other branches when the needs/used-by line came in: add it there
-INTRO_PENDING = {"01f_vllm_worker", "01g_serving", "01h_regen", "09b_evaluate", "10_export"}
 INTRO = re.compile(r"\*\*Needs:\*\*(.*?)\.\s+\*\*Used by:\*\*(.*?)\.(?:\s|$)", re.S)
 CHAPTER_NAME = re.compile(r"`(\d\d[a-z]?_\w+)`")
 
@@ -165,7 +163,7 @@ def test_each_chapter_says_what_it_needs_and_what_uses_it():
     needs, bad = chapter_needs(), []
     used = {c: {u for u, n in needs.items() if c in n} for c in needs}
     for nb in NOTEBOOKS:
-        if nb.stem in INTRO_PENDING or not nb.stem[:2].isdigit(): continue   # index.ipynb is the front page
+        if not nb.stem[:2].isdigit(): continue   # index.ipynb is the front page
         first = nbformat.read(nb, as_version=4).cells[0].source
         said = intro_lists(first)
         if said is None: bad.append(f"nbs/{nb.name}: the first cell has no '**Needs:** … **Used by:** …' line")
