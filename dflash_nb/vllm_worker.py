@@ -217,6 +217,6 @@ def main() -> int:
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
     try: rc = main()
     except BaseException:   # a reply to a parent that is gone (a broken pipe) among them: say it, end as below
-        traceback.print_exc()
+        with contextlib.suppress(Exception): traceback.print_exc()   # stderr may be a pipe to that dead parent too
         rc = 3
     end_group(os.environ.get(TMP_ENV), rc)  # the OS frees the engine at once (vLLM's teardown takes ~10 s here)
