@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
-FLOOR = 0.96           # the share of exported cells that come after prose or an example (measured: see the report)
-EXAMPLE_FLOOR = 0.62   # the share of exported cells with an example within the next two cells
+FLOOR = 0.97           # the share of exported cells that come after prose or an example (measured: see the report)
+EXAMPLE_FLOOR = 0.86   # the share of exported cells with an example within the next two cells
 DIRECTIVE = re.compile(r"^#\|\s*(\w+)")
 
 
