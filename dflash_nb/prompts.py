@@ -204,8 +204,13 @@ def _json_array_records(p: Path, max_bytes: int):
     if p.stat().st_size > MAX_JSON_ARRAY_BYTES:
         raise PromptFileError(f"{p}: a JSON array file over {MAX_JSON_ARRAY_BYTES >> 20} MiB; "
                               "write it as JSONL, one record a line")
-    try: recs = parse_line(p.read_bytes())
-    except RecordError as e: raise PromptFileError(f"{p}: not JSON ({e})") from None
+    data = p.read_bytes()
+    try: recs = parse_line(data)
+    except RecordError as e:   # name the line, as the JSONL reader does: the first line where parsing went wrong
+        try: json.loads(data.decode("utf-8", "replace")); where = p
+        except json.JSONDecodeError as err: where = f"{p}:{err.lineno}"
+        except (RecursionError, ValueError): where = p
+        raise PromptFileError(f"{where}: not JSON ({e})") from None
     if not isinstance(recs, list): raise PromptFileError(f"{p}: a JSON file must hold an array of records")
     for n, rec in enumerate(recs, 1):
         if len(json.dumps(rec)) > max_bytes:
