@@ -129,9 +129,9 @@ nbtest: install serving
 
 # two pytest-xdist workers, each test module on one worker (its module fixtures are built once), the modules holding
 # slow tests first (tests/conftest.py); Run All compares the repository's file list before and after each notebook,
-# so it runs after the rest, two notebooks at a time
+# so it runs after the rest, two notebooks at a time. --durations: the slowest tests, for whoever trims the suite
 pytest: install serving
-	$(VENV)/bin/pytest -q -n 2 --dist loadscope --no-loadscope-reorder tests --ignore=tests/test_notebooks_run_all.py
+	$(VENV)/bin/pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=20 tests --ignore=tests/test_notebooks_run_all.py
 	$(VENV)/bin/pytest -q -n 2 tests/test_notebooks_run_all.py
 
 test: check-lock serving check-sync lint nbtest pytest
