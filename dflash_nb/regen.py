@@ -521,7 +521,13 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
         from dflash_nb.serving import VLLMEngine
         with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout= (seconds per request)
             eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
-        with eng: yield eng, None
+        from dflash_nb.vllm_worker import group_members, shm_files
+        held = shm_files([eng.proc.pid, *group_members(eng.proc.pid)])   # vLLM's queues, made while it loaded
+        try:
+            with eng: yield eng, None
+        finally:                                    # gone already unless the worker died or hung: then SIGKILLed
+            for f in held:
+                with contextlib.suppress(OSError): os.unlink(f)
         return
     from dflash_nb.target import load_target
     with stage(f"loading the target {target_dir}"):
@@ -587,6 +593,18 @@ def _parser():
     a("overrides", nargs="*", help="DataConfig key=value")
     return ap
 
+# %% ../nbs/01h_regen.ipynb #6c2f9d4e
+def _split_overrides(a, argv: list):
+    "`a` with the `DataConfig` `key=value` words that argparse took for `--prompts` files moved to `a.overrides`."
+    import dataclasses
+    keys = {f.name for f in dataclasses.fields(DataConfig)}
+    is_override = lambda s: s.split("=", 1)[0].split(".")[0] in keys if "=" in s else False
+    if any(map(is_override, a.prompts or [])):
+        given = set(a.overrides) | {s for s in a.prompts if is_override(s)}
+        a.prompts = [s for s in a.prompts if not is_override(s)]
+        a.overrides = [s for s in argv if s in given]         # in the order typed
+    return a
+
 # %% ../nbs/01h_regen.ipynb #8a286fad
 def _data_config(a) -> DataConfig:
     "The DataConfig of `--config`, `key=value` and `--chat-template-kwargs`, as `dflash-data` reads them."
@@ -622,7 +640,7 @@ def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sam
 # %% ../nbs/01h_regen.ipynb #a90242a2
 def _main(argv: list) -> int:
     from dflash_nb.records import load_tokenizer
-    a = _parser().parse_args(argv)
+    a = _split_overrides(_parser().parse_args(argv), argv)
     _positive(a)
     if a.merge:
         r = merge_parts(a.merge, a.out)

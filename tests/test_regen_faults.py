@@ -126,6 +126,21 @@ def test_duplicates_and_prompts_too_long_are_counted_with_file_and_line(small, t
     assert [json.loads(l)["messages"][0]["content"] for l in lines] == ["Hi", "Bye"]
 
 
+def test_overrides_after_the_prompt_files_are_overrides(small, tmp_path):
+    """`--prompts FILE key=value`: a DataConfig override typed after the prompt files (where `dflash-train` takes one
+    too) is an override, not a prompt file. Before: "enable_thinking=false: no such prompt file", exit 2."""
+    args, d = small
+    a = [str(x) for x in args(tmp_path / "o", "--max-shards", "1") if x != "enable_thinking=false"]
+    at = a.index("--prompts") + 2
+    rc, _, err = run_main(*a[:at], "max_seq_len=abc", *a[at:])
+    assert rc == 2 and err.count("\n") == 1 and "max_seq_len" in err and "prompt file" not in err, err
+    rc, out, err = run_main(*a[:at], "enable_thinking=false", *a[at:])
+    assert rc == 0 and "1 of 8 shards done" in out, out + err
+    assert shards(tmp_path / "o") == {k: v for k, v in shards(d / "whole").items() if k == "shard-00000.jsonl"}
+    settings = lambda o: {k: v for k, v in json.loads((o / MANIFEST).read_text()).items() if k != "shards"}
+    assert settings(tmp_path / "o") == settings(d / "whole")      # the template rendered with enable_thinking=false
+
+
 def test_bad_out_dirs_are_refused_before_the_engine(small, tmp_path):
     "A FIFO, a link where the manifest goes, another program's JSON, a file, a read-only place: one line, exit 2."
     args, d = small
@@ -200,6 +215,67 @@ def test_a_parent_killed_mid_generation_leaves_nothing(small, tmp_path):
         assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)]
     finally:
         if p.poll() is None: p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def listed(out) -> list:
+    "The shards the manifest in `out` lists as finished, in order ([] before it has one)."
+    try: return sorted(map(int, json.loads((out / MANIFEST).read_text() or "{}").get("shards", {})))
+    except (OSError, ValueError): return []
+
+
+@pytest.mark.slow   # three vLLM starts (~1 min each here) and one --worker-timeout wait (about two starts)
+def test_worker_killed_or_hung_mid_generation_is_one_line_and_a_rerun_resumes(small, tmp_path):
+    """`dflash-regen --engine vllm`'s worker SIGKILLed (what the OOM killer sends) once a shard is written, then in the
+    rerun that resumes, SIGSTOPped (it hangs) once it has written one more: each time one line naming the last shard
+    written, exit 2 (the hang within --worker-timeout), the worker and its engine core gone with their TMPDIR and
+    /dev/shm files, the lock given back. A third run resumes to the bytes one uninterrupted HF run wrote (vLLM and HF
+    write the same bytes at T = 0: test_regen's test_vllm_completions_equal_hf_on_the_bundled_prompts)."""
+    args, d = small
+    tmp, out = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp")), tmp_path / "out"   # short: vLLM's ipc socket paths
+    env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}     # the engine core: a child process
+    timeout = None
+    try:
+        for sig in (signal.SIGKILL, signal.SIGSTOP):
+            before = listed(out)
+            more = ("--worker-timeout", f"{timeout:.0f}") if timeout else ()
+            t0, w = time.time(), None
+            p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm", *more))],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wrote = lambda: len(listed(out)) > len(before)
+                assert wait_for(wrote, p, timeout=600, poll=0.002), p.communicate()[1][-3000:]
+                w = worker_of(p.pid)
+                group = [w, *group_members(w)]
+                held = shm_files(group)
+                assert len(group) >= 2, group
+                os.kill(w, sig)
+                t_fault = time.time()
+                stdout, err = p.communicate(timeout=(timeout or 0) + 120)
+                waited = time.time() - t_fault
+            finally:
+                if p.poll() is None: p.kill()
+                if w and group_members(w): os.killpg(w, signal.SIGKILL)   # a stopped worker cannot end itself
+            done = listed(out)
+            assert before == done[:len(before)] and len(before) < len(done) < 8, (before, done)   # resumed, not redone
+            assert f"{len(before)} of 8 shards done in {out}" in stdout, stdout
+            lines = [l for l in err.splitlines() if not l.startswith("starting vLLM on")]   # the stage lines, then one
+            said = ("was killed by SIGKILL (out of memory?" if sig == signal.SIGKILL else
+                    f"did not answer 'generate' within {timeout:.0f} s (hung?)")
+            print(f"{sig.name} after {len(done)} shards: exit {p.returncode} {waited:.1f} s after it; {lines}")
+            assert p.returncode == 2 and len(lines) == 1, err
+            assert lines[0].startswith("dflash-regen: error: the vLLM worker "), err
+            assert said in lines[0] and lines[0].endswith(f"; last shard written: shard-{done[-1]:05d}.jsonl "
+                                                          f"({len(done)} of 8 done in {out}); rerun to resume"), err
+            assert waited < (timeout + 60 if timeout else 30), waited                       # bounded by the timeout
+            assert not os.path.exists(f"/proc/{w}") and group_members(w) == [], group_members(w)   # reaped, all of it
+            assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)], (os.listdir(tmp), held)
+            assert hidden(out) == []                                   # no temp file, the lock given back
+            timeout = 2 * (t_fault - t0) + 30   # the next run's: past its load (which the same timeout bounds)
+        rc, stdout, _ = run_main(*args(out, "--engine", "vllm"))
+        assert rc == 0 and "took over" not in stdout and f"{len(done)} of 8 shards done" in stdout, stdout
+        assert shards(out) == shards(d / "whole") and hidden(out) == []
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
