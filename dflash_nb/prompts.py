@@ -207,9 +207,10 @@ def _json_array_records(p: Path, max_bytes: int):
     data = p.read_bytes()
     try: recs = parse_line(data)
     except RecordError as e:   # name the line, as the JSONL reader does: the first line where parsing went wrong
-        try: json.loads(data.decode("utf-8", "replace")); where = p
+        where = p
+        try: json.loads(data.decode("utf-8", "replace"))
         except json.JSONDecodeError as err: where = f"{p}:{err.lineno}"
-        except (RecursionError, ValueError): where = p
+        except (RecursionError, ValueError): pass
         raise PromptFileError(f"{where}: not JSON ({e})") from None
     if not isinstance(recs, list): raise PromptFileError(f"{p}: a JSON file must hold an array of records")
     for n, rec in enumerate(recs, 1):

@@ -14,6 +14,7 @@ from .commands import run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
 from .storage import atomic_write_text
+from .config import patch
 
 # %% auto #0
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
@@ -112,7 +113,8 @@ class CompletionCheck:
         text = self.renderer.render(msgs, add_generation_prompt=True)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-def _record(self, msgs: list[dict], prompt_ids: list[int], gen: list[int],
+@patch
+def record(self: CompletionCheck, msgs: list[dict], prompt_ids: list[int], gen: list[int],
             verify=None) -> tuple[dict, dict]:   # verify: a target whose batch-1 argmax the tokens must be
     "(chat record, counts) of one completion: cut at its end token, where `verify` disagrees, where text differs."
     end = next((i for i, t in enumerate(gen) if t in self.stop), None)
@@ -124,8 +126,6 @@ def _record(self, msgs: list[dict], prompt_ids: list[int], gen: list[int],
     text, n = _round_trip(self.encoder, self.tokenizer, msgs, prompt_ids, g, self.eot)
     counts.update(cut_by_round_trip=int(n < len(g)), kept=n, empty=int(n == 0))
     return {"messages": msgs + [_assistant(text)]}, counts
-
-CompletionCheck.record = _record
 
 # %% ../nbs/01h_regen.ipynb #2ca8abc5
 @dataclass(frozen=True)
@@ -180,8 +180,9 @@ class HFEngine:
                                                stop_token_ids)): outs[i] = row
         return {"outputs": outs, "seconds": time.perf_counter() - t0}
 
+@patch
 @torch.inference_mode()
-def _hf_batch(self, prompts, max_new_tokens, temperature, top_p, top_k, stop_token_ids) -> list[list[int]]:
+def _batch(self: HFEngine, prompts, max_new_tokens, temperature, top_p, top_k, stop_token_ids) -> list[list[int]]:
     "One left-padded `generate` call; the ids each row got after its prompt."
     dev, T = next(self.target.parameters()).device, max(map(len, prompts))
     ids = torch.tensor([[self.pad] * (T - len(p)) + p for p in prompts], device=dev)
@@ -191,8 +192,6 @@ def _hf_batch(self, prompts, max_new_tokens, temperature, top_p, top_k, stop_tok
     out = self.target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
                                pad_token_id=self.pad, eos_token_id=list(stop_token_ids or []) or None, **pick)
     return out[:, T:].tolist()
-
-HFEngine._batch = _hf_batch
 
 # %% ../nbs/01h_regen.ipynb #99cc137d
 def generate(engine, check: CompletionCheck, convs: list[list[dict]], max_new_tokens: int,
@@ -521,13 +520,7 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
         from dflash_nb.serving import VLLMEngine
         with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout= (seconds per request)
             eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
-        from dflash_nb.vllm_worker import group_members, shm_files
-        held = shm_files([eng.proc.pid, *group_members(eng.proc.pid)])   # vLLM's queues, made while it loaded
-        try:
-            with eng: yield eng, None
-        finally:                                    # gone already unless the worker died or hung: then SIGKILLed
-            for f in held:
-                with contextlib.suppress(OSError): os.unlink(f)
+        with eng: yield eng, None
         return
     from dflash_nb.target import load_target
     with stage(f"loading the target {target_dir}"):

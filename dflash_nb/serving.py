@@ -60,7 +60,7 @@ class VLLMEngine:
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
         self.timeout = float(timeout or os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
-        python, self.proc = serving_python(), None
+        python, self.proc, self._shm = serving_python(), None, set()
         self._tmp = tempfile.mkdtemp(prefix="dflash_nb-vllm-")  # vLLM leaves files in TMPDIR: its own, removed by close
         try: self._start(python)
         except BaseException:                     # the worker did not start: nothing of it to keep
@@ -73,6 +73,8 @@ class VLLMEngine:
         except BaseException:
             self.close()
             raise
+        # vLLM's /dev/shm queues, made while it loaded: the worker removes them as it ends, `close` if it was killed
+        self._shm = vllm_worker.shm_files([self.proc.pid, *vllm_worker.group_members(self.proc.pid)])
 
 # %% ../nbs/01g_serving.ipynb #880ebf87
 @patch
@@ -152,13 +154,16 @@ def spec_metrics(self: VLLMEngine) -> dict | None:
 # %% ../nbs/01g_serving.ipynb #98824044
 @patch
 def close(self: VLLMEngine, wait: float = 60):   # seconds the worker gets to exit after 'close' before it is killed
-    "End the worker, its engine and every process it started; remove its TMPDIR."
+    "End the worker, its engine and every process it started; remove its TMPDIR and /dev/shm files."
     proc, self.proc = getattr(self, "proc", None), None
     if proc is None: return
     try: _stop(proc, wait)
     finally:
         os.close(self._alive)                   # the watch's pipe: the worker's group ends itself if it still runs
         shutil.rmtree(self._tmp, ignore_errors=True)
+        for f in self._shm:                     # left only by a worker killed before it could remove them
+            try: os.unlink(f)
+            except OSError: pass
 
 def _stop(proc, wait: float):
     try:
