@@ -10,7 +10,7 @@ from .config import ConfigError, ExpectedError, invoked_as
 
 # %% auto #0
 __all__ = ['SIGTERM_GRACE_S', 'error_line', 'disk_full', 'Terminated', 'sigterm_raises', 'exit_after', 'disarm_watchdogs',
-           'run_cli', 'CliParser', 'scratch_dir', 'finite_json']
+           'run_cli', 'CliParser', 'move_overrides', 'scratch_dir', 'finite_json']
 
 # %% ../nbs/00d_commands.ipynb #9202d99a
 def error_line(err: BaseException) -> str:
@@ -142,6 +142,17 @@ class CliParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ConfigError(f"{message} (see --help)")
+
+# %% ../nbs/00d_commands.ipynb #30fe1bd0
+def move_overrides(args, files: str, keys, argv: list):
+    "`args` with the `key=value` words (`key` in `keys`) argparse took for `args.<files>` moved to `args.overrides`."
+    is_override = lambda s: "=" in s and s.split("=", 1)[0].split(".")[0] in keys
+    taken = getattr(args, files) or []
+    if any(map(is_override, taken)):
+        given = set(args.overrides) | {s for s in taken if is_override(s)}
+        setattr(args, files, [s for s in taken if not is_override(s)])
+        args.overrides = [s for s in argv if s in given]         # in the order typed
+    return args
 
 # %% ../nbs/00d_commands.ipynb #87096ead
 def scratch_dir(prefix: str = "dflash_nb-") -> Path:

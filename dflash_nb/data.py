@@ -28,7 +28,7 @@ def cli():
 def _main(argv: list) -> int:
     import argparse
     from dflash_nb.config import config_help
-    from dflash_nb.commands import CliParser
+    from dflash_nb.commands import CliParser, move_overrides
 
     ap = CliParser(
         prog="dflash_nb.data",
@@ -63,7 +63,7 @@ def _main(argv: list) -> int:
     ap.add_argument("--all-turns", action="store_true", default=None, help=h["all_turns"])
     ap.add_argument("--config", help="YAML file with DataConfig keys")
     ap.add_argument("overrides", nargs="*", help="DataConfig key=value")
-    args = ap.parse_args(argv)
+    args = move_overrides(ap.parse_args(argv), "input", set(h), argv)   # `--input a.jsonl key=value` too
     cfg = load_config(DataConfig, args.config, args.overrides)
     flags = {
         "workers": args.workers,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 import torch
 from .config import ConfigError
-from .commands import run_cli
+from .commands import move_overrides, run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
 from .storage import atomic_write_text
@@ -587,16 +587,11 @@ def _parser():
     return ap
 
 # %% ../nbs/01h_regen.ipynb #6c2f9d4e
-def _split_overrides(a, argv: list):
-    "`a` with the `DataConfig` `key=value` words that argparse took for `--prompts` files moved to `a.overrides`."
+def _args(argv: list):
+    "The parsed command line, with the `DataConfig` `key=value` words typed among the `--prompts` files as overrides."
     import dataclasses
     keys = {f.name for f in dataclasses.fields(DataConfig)}
-    is_override = lambda s: s.split("=", 1)[0].split(".")[0] in keys if "=" in s else False
-    if any(map(is_override, a.prompts or [])):
-        given = set(a.overrides) | {s for s in a.prompts if is_override(s)}
-        a.prompts = [s for s in a.prompts if not is_override(s)]
-        a.overrides = [s for s in argv if s in given]         # in the order typed
-    return a
+    return move_overrides(_parser().parse_args(argv), "prompts", keys, argv)
 
 # %% ../nbs/01h_regen.ipynb #8a286fad
 def _data_config(a) -> DataConfig:
@@ -633,7 +628,7 @@ def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sam
 # %% ../nbs/01h_regen.ipynb #a90242a2
 def _main(argv: list) -> int:
     from dflash_nb.records import load_tokenizer
-    a = _split_overrides(_parser().parse_args(argv), argv)
+    a = _args(argv)
     _positive(a)
     if a.merge:
         r = merge_parts(a.merge, a.out)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01g_serving.ipynb #1ed28f90
 from __future__ import annotations
-import collections, importlib.util, json, os, queue, shutil, signal, subprocess, sys, tempfile, threading
+import collections, importlib.util, json, os, queue, re, shutil, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
 from .config import patch
@@ -43,11 +43,14 @@ def serving_python() -> str:
                              "or set DFLASH_SERVING_PYTHON to a Python that has vLLM")
 
 # %% ../nbs/01g_serving.ipynb #3faeef09
+_LOG_CHATTER = re.compile(r"^(\([^)]*\)\s*)?(INFO|DEBUG)\b")   # vLLM's progress lines, "(EngineCore pid=…)" ones too
+
 def last_said(lines) -> str:
-    "The last line of `lines` that names an error or exception, else the last non-empty line."
+    "The last line of `lines` that names an error or exception, else the last that is not log chatter (INFO, DEBUG)."
     lines = [ln.strip() for ln in lines if ln.strip()]
     said = [ln for ln in lines if "error" in ln.lower() or "exception" in ln.lower()]
-    return (said or lines or ["(no output)"])[-1]
+    said = said or [ln for ln in lines if not _LOG_CHATTER.match(ln)]
+    return said[-1] if said else "(its output names no error)" if lines else "(no output)"
 
 # %% ../nbs/01g_serving.ipynb #48f22ce1
 WORKER_TIMEOUT_S = 3600.0   # the longest a request (load, a shard's generate) may go unanswered; DFLASH_WORKER_TIMEOUT

@@ -53,8 +53,8 @@ def test_other_inputs_into_a_data_set_are_refused_unless_replace(tmp_path):
     with pytest.raises(OutDirError, match="holds another data set"):
         tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
     assert _files(out) == before
-    r = _cli("--input", b, "--tokenizer", qwen3_tokenizer_dir(), "--out", out, "--workers", "1", "max_seq_len=160",
-             "min_loss_tokens=1", "shard_bytes=1500", "--replace")
+    r = _cli("--input", b, "max_seq_len=160", "min_loss_tokens=1", "shard_bytes=1500",   # overrides after the files
+             "--tokenizer", qwen3_tokenizer_dir(), "--out", out, "--workers", "1", "--replace")
     assert r.returncode == 0, r.stderr
     m = load_manifest(out)
     assert [i["name"] for i in m["inputs"]] == ["b.jsonl"] and m["dataset_id"] != first["dataset_id"]
