@@ -19,8 +19,8 @@ class ServingError(RuntimeError):
         self.log = list(log)
 
 # %% auto #0
-__all__ = ['WORKER', 'REPO', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python', 'last_said',
-           'VLLMEngine', 'exit_status', 'spec_delta', 'acceptance_length']
+__all__ = ['WORKER', 'REPO', 'IPC_PATH_MAX', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python',
+           'last_said', 'worker_tmp_dir', 'VLLMEngine', 'exit_status', 'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #2fa80ebc
 WORKER = Path(vllm_worker.__file__).resolve()   # run as a script by the serving Python
@@ -52,6 +52,19 @@ def last_said(lines) -> str:
     said = said or [ln for ln in lines if not _LOG_CHATTER.match(ln)]
     return said[-1] if said else "(its output names no error)" if lines else "(no output)"
 
+# %% ../nbs/01g_serving.ipynb #a539810f
+IPC_PATH_MAX = 107   # bytes in a Unix socket's path (sockaddr_un.sun_path, less its NUL)
+
+def worker_tmp_dir(base: str | None = None) -> str:   # where to make it (None: TMPDIR)
+    "A fresh TMPDIR for a worker, short enough for vLLM's sockets (DIR/<uuid4>): in `base`, else /tmp, else /dev/shm."
+    bases = (base or tempfile.gettempdir(), "/tmp", "/dev/shm")
+    for b in bases:
+        longest = os.path.join(b, "dflash_nb-vllm-12345678", "12345678-1234-1234-1234-123456789012")
+        if len(os.fsencode(longest)) <= IPC_PATH_MAX and os.access(b, os.W_OK | os.X_OK):
+            return tempfile.mkdtemp(prefix="dflash_nb-vllm-", dir=b)
+    raise ServingError(f"no directory short and writable enough for vLLM's sockets ({IPC_PATH_MAX} bytes a path) "
+                       f"among {', '.join(bases)}: set TMPDIR to a shorter one")
+
 # %% ../nbs/01g_serving.ipynb #48f22ce1
 WORKER_TIMEOUT_S = 3600.0   # the longest a request (load, a shard's generate) may go unanswered; DFLASH_WORKER_TIMEOUT
 
@@ -64,7 +77,7 @@ class VLLMEngine:
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
         self.timeout = float(timeout or os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
         python, self.proc, self._shm = serving_python(), None, set()
-        self._tmp = tempfile.mkdtemp(prefix="dflash_nb-vllm-")  # vLLM leaves files in TMPDIR: its own, removed by close
+        self._tmp = worker_tmp_dir()       # vLLM leaves files in TMPDIR: its own, removed by close
         try: self._start(python)
         except BaseException:                     # the worker did not start: nothing of it to keep
             shutil.rmtree(self._tmp, ignore_errors=True)
