@@ -7,7 +7,7 @@ model runner, which needs a GPU Triton, and vLLM says so.
 The all-full export is judged through `dflash-eval --engine vllm` (its JSON holds dflash_nb's τ and histogram next
 to vLLM's counters), the all-sliding one by an engine of its own. Cost: one short training run (~1 min), three engines
 started at once (plain, sliding, the refused mixed one) and the console script's two, ~30 s each on an idle machine."""
-import dataclasses, json, os, subprocess, sys, time
+import dataclasses, json, os, shutil, signal, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
@@ -232,19 +232,42 @@ def workers_of(pid: int) -> list[int]:
     return out
 
 
-def test_sigterm_during_a_sweep_leaves_no_worker(served):
-    "SIGTERM while the sweep's engine loads: exit 143 at once, the worker killed, none left behind."
-    import signal
+def alive(pids) -> list[int]:
+    "Those of `pids` still running (a zombie, dead but not yet waited for, does not count)."
+    out = []
+    for w in pids:
+        try: state = Path(f"/proc/{w}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError): continue
+        if state != "Z": out.append(w)
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_signal_during_a_sweep_leaves_no_worker(served, sig):
+    """SIGTERM while the sweep's engine loads: exit 143 at once. SIGKILL (the parent cannot act): the worker sees its
+    pipe close. Either way the worker and everything it started are gone within seconds, with its TMPDIR."""
+    tmp = Path(tempfile.mkdtemp(prefix="ev-", dir="/tmp"))   # the caller's TMPDIR (short: the worker's is made in it)
+    try: signal_the_sweep(served, tmp, getattr(signal, sig))
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+
+
+def signal_the_sweep(served, tmp, sig):
+    "Start `dflash-eval --engine vllm` under TMPDIR `tmp`, send it `sig` while vLLM loads, check nothing is left."
+    from dflash_nb.vllm_worker import group_members
     p = subprocess.Popen(eval_cmd(served, served["root"] / "never.json", "--num-speculative-tokens", "1", "3",
-                                  "--batch-size", "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  "--batch-size", "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "TMPDIR": str(tmp)})
     t0 = time.monotonic()
     while not workers_of(p.pid) and p.poll() is None and time.monotonic() - t0 < 300: time.sleep(0.2)
     started = workers_of(p.pid)
     assert started, "no vLLM worker started"
     time.sleep(2)   # inside vLLM's start
-    p.send_signal(signal.SIGTERM)
+    group = [*started, *group_members(started[0])]
+    assert os.listdir(tmp), "the worker's TMPDIR is not in the caller's"
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
-    assert p.returncode == 143, err[-2000:]
-    time.sleep(1)
-    assert not [w for w in started if Path(f"/proc/{w}").exists() and
-                "Z" not in (Path(f"/proc/{w}") / "stat").read_text().rsplit(")", 1)[1].split()[0]], started
+    assert p.returncode == (143 if sig == signal.SIGTERM else -9), err[-2000:]
+    t0 = time.monotonic()
+    while alive(group) and time.monotonic() - t0 < 20: time.sleep(0.05)
+    assert alive(group) == [] and time.monotonic() - t0 < 10, group
+    assert os.listdir(tmp) == [], os.listdir(tmp)
