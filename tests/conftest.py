@@ -1,6 +1,10 @@
-"""Shared pytest setup: the `gpu` marker skips where there is no CUDA device; pytest-xdist workers share the cores."""
-import os
+"""Shared pytest setup: the `gpu` marker skips where there is no CUDA device; pytest-xdist workers share the cores;
+nothing the session starts outlives it (tests/session_guard.py)."""
+import os, signal, subprocess, sys, uuid
+from pathlib import Path
 import pytest, torch
+
+from session_guard import MARK, end_all
 
 pytest_plugins = ["s3_server"]  # the `s3_server` fixture: a real SeaweedFS S3 server on 127.0.0.1 (tests/s3_server.py)
 
@@ -29,6 +33,29 @@ def _worker_share() -> int:
 
 def pytest_configure(config):
     if _workers() > 1: torch.set_num_threads(_worker_share())
+    if not hasattr(config, "workerinput"): _start_guard(config)   # once, in the process that runs the session
+
+
+def _start_guard(config):
+    "Mark the session in the environment every process it starts inherits, and start its guard (not marked itself)."
+    value = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != MARK}
+    os.environ[MARK] = value
+    # from the main thread: the guard's PR_SET_PDEATHSIG fires when the thread that started it ends
+    config._session_guard = subprocess.Popen([sys.executable, str(Path(__file__).with_name("session_guard.py")), value,
+                                              str(os.getpid())], stdin=subprocess.DEVNULL, env=env,
+                                             start_new_session=True)   # Ctrl-C reaches pytest, not it
+
+
+def pytest_unconfigure(config):
+    "The session's processes have ended (or are ended here, and named); the guard is dismissed."
+    guard = getattr(config, "_session_guard", None)
+    if guard is None: return
+    left = end_all(os.environ[MARK], settle=2.0)   # xdist workers may take a moment to exit
+    guard.send_signal(signal.SIGUSR1)
+    guard.wait()
+    if left: print(f"\nconftest: {len(left)} processes the tests started were still running at the end; ended",
+                   file=sys.stderr)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,0 +1,46 @@
+"""Nothing a test session started outlives it: a pytest session holding the S3 server and two child processes (one in
+its own session, as the vLLM workers are) is interrupted by Ctrl-C (SIGINT), SIGTERM (a CI runner's stop) or SIGKILL
+(an out-of-memory kill); every one of them is gone within seconds (`session_guard.py` for the last two)."""
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def alive(pids) -> list[int]:
+    "Those of `pids` still running (a zombie, dead but not yet waited for, does not count)."
+    out = []
+    for pid in pids:
+        try: state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError): continue
+        if state != "Z": out.append(pid)
+    return out
+
+
+@pytest.mark.slow   # three pytest sessions, each starting the S3 server (~10 s each here)
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
+def test_nothing_the_session_started_outlives_it(tmp_path, sig):
+    report = tmp_path / "pids.json"
+    p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
+                          str(tmp_path / "base"), str(HERE / "held_session.py")], cwd=HERE.parent,
+                         env={**os.environ, "HELD_SESSION_REPORT": str(report)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while not report.exists() and p.poll() is None and time.monotonic() - t0 < 180: time.sleep(0.1)
+        assert report.exists(), p.communicate(timeout=60)[0][-3000:]
+        time.sleep(0.2)                                   # the file is written in one call; let it land
+        pids = json.loads(report.read_text())
+        assert len(alive(pids)) == 3, pids
+        p.send_signal(getattr(signal, sig))
+        out, _ = p.communicate(timeout=60)
+        t0 = time.monotonic()
+        while alive(pids) and time.monotonic() - t0 < 60: time.sleep(0.1)
+        waited = time.monotonic() - t0
+        assert alive(pids) == [], (alive(pids), out[-3000:])
+        assert waited < 20, waited                        # the guard's grace (5 s) and SIGTERM's (5 s at most)
+    finally:
+        if p.poll() is None: p.kill()
+        for pid in alive(json.loads(report.read_text()) if report.exists() else []): os.kill(pid, signal.SIGKILL)
