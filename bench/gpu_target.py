@@ -9,6 +9,7 @@ features: every packed path is compared with the padded one (each document in it
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 
 from _common import matmul_tflops, sync
@@ -149,7 +150,7 @@ def step_target(a, rec):
                runs={}, packed_equals_per_document={},
                timing="wall clock of the feature forward over the timed rows after warm-up, synchronised")
     variants = [("kernels", contextlib.nullcontext)] if kernels_bound else []
-    variants.append(("reference", lambda: reference_kernels(target)))
+    variants.append(("reference", functools.partial(reference_kernels, target)))
     if not kernels_bound:
         rec.skip("kernels", "flash-linear-attention is not installed (carry it with --wheels DIR: "
                             "bash bench/gpu_wheels.sh DIR)")
