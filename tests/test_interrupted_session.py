@@ -25,17 +25,26 @@ def test_nothing_the_session_started_outlives_it(tmp_path, sig):
     report = tmp_path / "pids.json"
     p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                           str(tmp_path / "base"), str(HERE / "held_session.py")], cwd=HERE.parent,
-                         env={**os.environ, "HELD_SESSION_REPORT": str(report)}, stdout=subprocess.PIPE,
+                         env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
+                              "HELD_SESSION_REPORT": str(report)}, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         t0 = time.monotonic()
         while not report.exists() and p.poll() is None and time.monotonic() - t0 < 180: time.sleep(0.1)
         assert report.exists(), p.communicate(timeout=60)[0][-3000:]
         time.sleep(0.2)                                   # the file is written in one call; let it land
-        pids = json.loads(report.read_text())
+        pids, guard = json.loads(report.read_text()).values()
         assert len(alive(pids)) == 3, pids
         p.send_signal(getattr(signal, sig))
-        out, _ = p.communicate(timeout=60)
+        try: out, _ = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            left = {pid: (Path(f"/proc/{pid}/cmdline").read_bytes()[:200], Path(f"/proc/{pid}/wchan").read_text())
+                    for pid in alive([*pids, guard, p.pid])}
+            p.kill()
+            try: out = p.communicate(timeout=30)[0][-3000:]
+            except subprocess.TimeoutExpired: out = "(its output is still held open)"
+            raise AssertionError(f"no end of pytest's output 90 s after {sig}; alive: {left}\n{out}") from None
         t0 = time.monotonic()
         while alive(pids) and time.monotonic() - t0 < 60: time.sleep(0.1)
         waited = time.monotonic() - t0
@@ -43,4 +52,5 @@ def test_nothing_the_session_started_outlives_it(tmp_path, sig):
         assert waited < 20, waited                        # the guard's grace (5 s) and SIGTERM's (5 s at most)
     finally:
         if p.poll() is None: p.kill()
-        for pid in alive(json.loads(report.read_text()) if report.exists() else []): os.kill(pid, signal.SIGKILL)
+        held = json.loads(report.read_text())["pids"] if report.exists() else []
+        for pid in alive(held): os.kill(pid, signal.SIGKILL)

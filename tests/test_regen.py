@@ -48,17 +48,13 @@ def vllm_runs(served, tmp_path_factory):
     "Both vLLM commands, started at once in the background: {name: (Popen, its directory)}."
     d = tmp_path_factory.mktemp("vllm")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_PROGRESS": "lines"}
-    # the regen run's TMPDIR too long for vLLM's sockets under it, with its engine core in a process of its own (the
-    # sockets carry every request): the worker's TMPDIR must go elsewhere (a ZMQ error here before it did)
-    long_tmp = d / ("t" * 60)
-    long_tmp.mkdir()
-    procs, envs = {}, {"regen": {**env, "TMPDIR": str(long_tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, "train": env}
+    procs = {}
     for name, argv in {
         "regen": [BIN / "dflash-regen", *regen_args(served, d / "regen", "--engine", "vllm")],
         "train": [BIN / "dflash-train", f"train.run_dir={d / 'run'}", "regenerate.engine=vllm", *TRAIN],
     }.items():
         log = open(d / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen(list(map(str, argv)), stdout=log, stderr=subprocess.STDOUT, env=envs[name]), d)
+        procs[name] = (subprocess.Popen(list(map(str, argv)), stdout=log, stderr=subprocess.STDOUT, env=env), d)
     yield procs
     for p, _ in procs.values():
         if p.poll() is None: p.kill()

@@ -2,7 +2,7 @@
 
 The HF tests run the console script (or `main` in this process) on the servable tiny target of `_serving_common`, 8
 bundled prompts in shards of one, 12 new tokens. The vLLM tests start the real worker in the serving environment."""
-import json, os, random, shutil, signal, subprocess, sys, tempfile, threading, time
+import json, os, random, shutil, signal, subprocess, sys, threading, time
 from pathlib import Path
 
 import pytest
@@ -191,69 +191,69 @@ def worker_of(pid: int):
     return next((c for c, cmd in children(pid) if "vllm_worker" in cmd), None)
 
 
-@pytest.mark.slow   # starts vLLM in the serving environment (~1 min on this machine): killed once shards are written
-def test_a_parent_killed_mid_generation_leaves_nothing(small, tmp_path):
-    """`dflash-regen --engine vllm` SIGKILLed once it has written a shard (its engine core in a process of its own):
-    the worker and every process it started exit within seconds; its TMPDIR and /dev/shm files are gone."""
-    args, d = small
-    tmp, out = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp")), tmp_path / "out"   # short: vLLM's ipc socket paths
-    env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm"))], env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        first = lambda: (out / MANIFEST).exists() and json.loads((out / MANIFEST).read_text() or "{}").get("shards")
-        assert wait_for(first, p, timeout=400, poll=0.05), p.communicate()[1][-3000:]
-        w = worker_of(p.pid)
-        group = [w, *group_members(w)]
-        held = shm_files(group)
-        assert len(group) >= 2 and os.listdir(tmp), (group, os.listdir(tmp))   # the engine core: a process of its own
-        p.send_signal(signal.SIGKILL)
-        p.wait()
-        t0 = time.time()
-        while group_members(w) and time.time() - t0 < 20: time.sleep(0.05)
-        assert group_members(w) == [] and time.time() - t0 < 10, group_members(w)
-        assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)]
-    finally:
-        if p.poll() is None: p.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def listed(out) -> list:
     "The shards the manifest in `out` lists as finished, in order ([] before it has one)."
     try: return sorted(map(int, json.loads((out / MANIFEST).read_text() or "{}").get("shards", {})))
     except (OSError, ValueError): return []
 
 
-@pytest.mark.slow   # two vLLM starts (~1 min each here): the killed run and the rerun
-def test_worker_killed_mid_generation_is_one_line_and_a_rerun_resumes(small, tmp_path):
-    """`dflash-regen --engine vllm`'s worker SIGKILLed (what the OOM killer sends) once a shard is written: one line naming
-    the last shard written, exit 2 within seconds, the worker and its engine core gone with their TMPDIR and /dev/shm
-    files, the lock given back; the rerun resumes to the bytes one uninterrupted HF run wrote (vLLM and HF write the
-    same bytes at T = 0: test_regen's test_vllm_completions_equal_hf_on_the_bundled_prompts). A worker that hangs
-    mid-generation goes through the same per-request timeout as one that hangs while loading (the test below; 01g's
-    examples time out a hung 'generate'); a real SIGSTOP here cost ~5 minutes, as the timeout must outlast the load."""
+def worker_tmp(pid: int) -> Path:
+    "The TMPDIR a running worker was given."
+    env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+    return Path(env[b"TMPDIR"].decode())
+
+
+@pytest.mark.slow   # two vLLM starts (~1 min each here): each killed once it has written a shard
+def test_parent_then_worker_killed_mid_generation(small, tmp_path):
+    """`dflash-regen --engine vllm`, its engine core in a process of its own, under a TMPDIR too long for vLLM's sockets
+    (its worker's own goes under /tmp; before, vLLM failed to start with a ZMQError).
+
+    1. The parent SIGKILLed once it has written a shard: the worker and every process it started exit within seconds;
+       its TMPDIR and /dev/shm files are gone.
+    2. The rerun resumes, and once it has written a shard of its own its worker is SIGKILLed (what the OOM killer
+       sends): one line naming the last shard written, exit 2 within seconds, the worker and its engine core gone with
+       their TMPDIR and /dev/shm files, the lock given back.
+    Every shard the two runs wrote has the bytes one uninterrupted HF run wrote (vLLM and HF write the same bytes at
+    T = 0: test_regen's test_vllm_completions_equal_hf_on_the_bundled_prompts). A worker that hangs mid-generation goes
+    through the same per-request timeout as one that hangs while loading (the test below; 01g's examples time out a
+    hung 'generate'); a real SIGSTOP here cost ~5 minutes, as the timeout must outlast the load."""
     args, d = small
-    tmp, out = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp")), tmp_path / "out"   # short: vLLM's ipc socket paths
-    env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}     # the engine core: a child process
+    tmp, out = tmp_path / ("t" * 60), tmp_path / "out"
+    tmp.mkdir()
+    env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    started = []                                                       # (run, its worker): stopped at the end
+
+    def start_and_wait(more_than: int):
+        "The run, once it has written more than `more_than` shards: (it, its worker, group, shm files, TMPDIR)."
+        p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm"))], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append((p, None))
+        assert wait_for(lambda: len(listed(out)) > more_than, p, timeout=600, poll=0.002), p.communicate()[1][-3000:]
+        w = worker_of(p.pid)
+        started[-1] = (p, w)
+        group = [w, *group_members(w)]
+        wtmp = worker_tmp(w)
+        assert wtmp.parent == Path("/tmp") and wtmp.is_dir(), wtmp     # out of the long TMPDIR
+        return p, w, group, shm_files(group), wtmp
+
     try:
-        w = None
-        p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm"))],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            assert wait_for(lambda: listed(out), p, timeout=600, poll=0.002), p.communicate()[1][-3000:]
-            w = worker_of(p.pid)
-            group = [w, *group_members(w)]
-            held = shm_files(group)
-            assert len(group) >= 2 and held, (group, held)
-            os.kill(w, signal.SIGKILL)
-            t_fault = time.time()
-            stdout, err = p.communicate(timeout=120)
-            waited = time.time() - t_fault
-        finally:
-            if p.poll() is None: p.kill()
-            if w and group_members(w): os.killpg(w, signal.SIGKILL)
+        p, w, group, held, wtmp = start_and_wait(0)
+        assert len(group) >= 2 and held, (group, held)                 # the engine core: a process of its own
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        t0 = time.time()
+        while group_members(w) and time.time() - t0 < 20: time.sleep(0.05)
+        assert group_members(w) == [] and time.time() - t0 < 10, group_members(w)
+        assert not wtmp.exists() and not [f for f in held if os.path.exists(f)], (wtmp.exists(), held)
+        first = len(listed(out))
+
+        p, w, group, held, wtmp = start_and_wait(first)
+        os.kill(w, signal.SIGKILL)
+        t_fault = time.time()
+        stdout, err = p.communicate(timeout=120)
+        waited = time.time() - t_fault
         done = listed(out)
-        assert 0 < len(done) < 8 and "0 of 8 shards done" in stdout, (done, stdout)
+        assert first < len(done) < 8 and f"{first} of 8 shards done" in stdout, (first, done, stdout)
         lines = [l for l in err.splitlines() if not l.startswith("starting vLLM on")]   # the stage lines, then one
         assert p.returncode == 2 and len(lines) == 1, err
         assert lines[0].startswith("dflash-regen: error: the vLLM worker ") and "was killed by SIGKILL" in lines[0], err
@@ -261,13 +261,14 @@ def test_worker_killed_mid_generation_is_one_line_and_a_rerun_resumes(small, tmp
                                  "rerun to resume"), err
         assert waited < 30, waited
         assert not os.path.exists(f"/proc/{w}") and group_members(w) == [], group_members(w)   # reaped, all of it
-        assert os.listdir(tmp) == [] and not [f for f in held if os.path.exists(f)], (os.listdir(tmp), held)
-        assert hidden(out) == []                                   # no temp file, the lock given back
-        rc, stdout, _ = run_main(*args(out, "--engine", "vllm"))
-        assert rc == 0 and "took over" not in stdout and f"{len(done)} of 8 shards done" in stdout, stdout
-        assert shards(out) == shards(d / "whole") and hidden(out) == []
+        assert not wtmp.exists() and not [f for f in held if os.path.exists(f)], (wtmp.exists(), held)
+        assert hidden(out) == []                                       # no temp file, the lock given back
+        whole = shards(d / "whole")
+        assert shards(out) == {k: whole[k] for k in shards(out)} and len(shards(out)) == len(done)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        for p, w in started:
+            if p.poll() is None: p.kill()
+            if w and group_members(w): os.killpg(w, signal.SIGKILL)
 
 
 def test_worker_faults_while_loading_are_one_line_naming_where_to_resume(small, tmp_path, monkeypatch):
