@@ -22,12 +22,15 @@ def alive(pids) -> list[int]:
 @pytest.mark.slow   # three pytest sessions, each starting the S3 server (~10 s each here)
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_nothing_the_session_started_outlives_it(tmp_path, sig):
+    """The inner pytest gets Ctrl-C's default action back: a shell ignores SIGINT in what it starts in the background
+    (`make test &`, as CI may run it), the ignoring is inherited, and Python then never raises KeyboardInterrupt."""
     report = tmp_path / "pids.json"
     p = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
                           str(tmp_path / "base"), str(HERE / "held_session.py")], cwd=HERE.parent,
                          env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
                               "HELD_SESSION_REPORT": str(report)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))   # see below
     try:
         t0 = time.monotonic()
         while not report.exists() and p.poll() is None and time.monotonic() - t0 < 180: time.sleep(0.1)
