@@ -12,8 +12,8 @@ import torch
 # %% auto #0
 __all__ = ['PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMPT_RECORD_BYTES', 'MAX_PROMPT_JSON_DEPTH',
            'MAX_JSON_ARRAY_BYTES', 'MAX_PROMPT_FILE_BYTES', 'MAX_PARQUET_GROUP_VALUES', 'PromptFileError',
-           'detect_prompt_format', 'prompt_records', 'MultiTurn', 'PromptFile', 'read_prompt_file', 'read_prompt_specs',
-           'render_prompts']
+           'detect_prompt_format', 'prompt_records', 'MultiTurn', 'PromptFile', 'prompt_conversations',
+           'read_prompt_file', 'read_prompt_specs', 'render_prompts']
 
 # %% ../nbs/01e_prompts.ipynb #b7080ae1
 class PromptFileError(ValueError):
@@ -114,8 +114,8 @@ def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
             stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
 
 # %% ../nbs/01e_prompts.ipynb #1136ca4f
-def _jsonl_records(p: Path, max_bytes: int):
-    "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past the cap."
+def _jsonl_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BYTES):   # None: no total cap
+    "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past `cap`."
     from dflash_nb.records import RecordError
     from dflash_nb.inputs import parse_line
     with open(p, "rb") as f:
@@ -124,14 +124,14 @@ def _jsonl_records(p: Path, max_bytes: int):
             n, total = n + 1, total + len(line)
             if len(line) > max_bytes and not line.endswith(b"\n"):
                 raise PromptFileError(f"{p}:{n}: record larger than {max_bytes} bytes (--max-record-bytes)")
-            if total > MAX_PROMPT_FILE_BYTES: raise _too_much(p, f"line {n}")
+            if cap is not None and total > cap: raise _too_much(p, f"line {n}", cap)
             if not line.strip(): continue
             try: yield f"{p}:{n}", parse_line(line)
             except RecordError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e})") from None
 
 # %% ../nbs/01e_prompts.ipynb #ef75455d
-def _too_much(p: Path, where: str) -> Exception:
-    return PromptFileError(f"{p}: {where}: the records read reach {MAX_PROMPT_FILE_BYTES >> 20} MiB, more than a "
+def _too_much(p: Path, where: str, cap: int) -> Exception:
+    return PromptFileError(f"{p}: {where}: the records read reach {cap >> 20} MiB, more than a "
                            "prompt file holds; pass --max-prompts to read only the first ones")
 
 # %% ../nbs/01e_prompts.ipynb #62ad3b2d
@@ -168,28 +168,29 @@ def _parquet_file(p: Path):
     except Exception as e:   # pyarrow raises several types for a damaged file: all are "not readable" here
         raise PromptFileError(f"{p}: not a readable Parquet file ({' '.join(str(e).split())[:160]})") from None
 
-def _check_group(p: Path, pf, g: int, room: int):
+def _check_group(p: Path, pf, g: int, room: int | None):   # room: bytes left of the file's cap (None: no cap)
     "Refuse row group `g` when its footer says it holds more leaf values, or more bytes to decompress, than allowed."
     md = pf.metadata.row_group(g)
     cols = [md.column(j) for j in range(md.num_columns)]
     values, raw = sum(c.num_values for c in cols), sum(c.total_uncompressed_size for c in cols)
-    if values > MAX_PARQUET_GROUP_VALUES or raw > room:
+    if values > MAX_PARQUET_GROUP_VALUES or (room is not None and raw > room):
         raise PromptFileError(f"{p}: row group {g} holds {values:,} values in {raw:,} bytes, more than a prompt file "
-                              f"holds (at most {MAX_PARQUET_GROUP_VALUES:,} values, {room:,} bytes left of the "
-                              f"{MAX_PROMPT_FILE_BYTES >> 20} MiB cap); rewrite it with smaller row groups")
+                              f"holds (at most {MAX_PARQUET_GROUP_VALUES:,} values"
+                              + (f", {room:,} bytes left of the file's cap" if room is not None else "")
+                              + "); rewrite it with smaller row groups")
 
 # %% ../nbs/01e_prompts.ipynb #03dfb7bb
-def _parquet_records(p: Path, max_bytes: int):
+def _parquet_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BYTES):
     "(where, record) of a Parquet file, by row group and batches of rows, each counted before it is expanded."
     pf, n, total = _parquet_file(p), 0, 0
     for g in range(pf.num_row_groups):
-        _check_group(p, pf, g, MAX_PROMPT_FILE_BYTES - total)
+        _check_group(p, pf, g, None if cap is None else cap - total)
         try: batches = pf.read_row_group(g).to_batches(max_chunksize=64)
         except Exception as e:
             raise PromptFileError(f"{p}: row group {g} cannot be read ({' '.join(str(e).split())[:160]})") from None
         for batch in batches:
             total += sum(_decoded_bytes(c) for c in batch.columns)
-            if total > MAX_PROMPT_FILE_BYTES: raise _too_much(p, f"row {n + 1}")
+            if cap is not None and total > cap: raise _too_much(p, f"row {n + 1}", cap)
             for rec in batch.to_pylist():
                 n += 1
                 if len(json.dumps(rec, default=str)) > max_bytes:
@@ -219,16 +220,17 @@ def _json_array_records(p: Path, max_bytes: int):
         yield f"{p}: record {n}", rec
 
 # %% ../nbs/01e_prompts.ipynb #877421c5
-def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES):
+def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
+                   max_file_bytes: int | None = MAX_PROMPT_FILE_BYTES):   # None: no cap (a reader that holds nothing)
     "(where, record) of a JSONL, Parquet or JSON-array file, told apart by their first bytes, never read whole first."
     from dflash_nb.storage import checked_path
     p = Path(path)
     if not os.path.lexists(p): raise PromptFileError(f"{p}: no such prompt file")
     checked_path(p, within=False)                      # a FIFO or a device is refused before it is opened
     with open(p, "rb") as f: head = f.read(4096)
-    if head.startswith(b"PAR1"): yield from _parquet_records(p, max_record_bytes)
+    if head.startswith(b"PAR1"): yield from _parquet_records(p, max_record_bytes, max_file_bytes)
     elif head.lstrip().startswith(b"["): yield from _json_array_records(p, max_record_bytes)
-    else: yield from _jsonl_records(p, max_record_bytes)
+    else: yield from _jsonl_records(p, max_record_bytes, max_file_bytes)
 
 # %% ../nbs/01e_prompts.ipynb #a4d7c9e2
 @dataclass
@@ -256,6 +258,46 @@ class PromptFile:
     @property
     def turns(self) -> int: return len(self.conversations) + sum(map(len, self.followups))
 
+# %% ../nbs/01e_prompts.ipynb #efc32d06
+def prompt_conversations(
+    path,                   # JSONL, Parquet or a JSON array: this project's shapes or a benchmark's (PROMPT_FORMATS)
+    role_map: dict | None = None,  # rename roles (default: ShareGPT's human/gpt)
+    prompt_format: str | None = None,  # a PROMPT_FORMATS name; None: told from the first record
+    max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
+    max_file_bytes: int | None = MAX_PROMPT_FILE_BYTES,  # records read from the file in all (None: no cap)
+):
+    "(where, format, messages, later user turns) of each record, read as it goes; reference answers are dropped."
+    from dflash_nb.records import RecordError
+    role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
+    if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
+        raise PromptFileError(f"{path}: unknown format {prompt_format!r} (formats: {', '.join(PROMPT_FORMATS)})")
+    fmt, n = prompt_format, 0
+    for where, rec in prompt_records(path, max_record_bytes, max_file_bytes):
+        try:
+            _check_depth(rec)
+            if not isinstance(rec, dict):
+                raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
+            if fmt is None: fmt = detect_prompt_format(rec)
+            msgs, later = PROMPT_FORMATS[fmt][1](rec, role_map)
+            if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
+                msgs.insert(0, {"role": "system", "content": rec["system"]})
+            if msgs and msgs[-1]["role"] == "assistant": msgs = msgs[:-1]
+            if not msgs or msgs[-1]["role"] == "system":
+                raise RecordError("missing_field", "nothing to answer (no user turn)")
+            _check_text([msgs, later])
+        except (RecordError, PromptFileError) as e: raise PromptFileError(f"{where}: {e}") from None
+        n += 1
+        yield where, fmt, msgs, later
+    if not n: raise PromptFileError(f"{path}: no records")
+
+def _check_text(obj):
+    "Raise RecordError when a string in `obj` holds a lone surrogate (valid JSON, but not text UTF-8 can encode)."
+    from dflash_nb.records import RecordError
+    try: json.dumps(obj, ensure_ascii=False).encode()
+    except UnicodeEncodeError as e:
+        raise RecordError("bad_text", f"a lone surrogate \\u{ord(e.object[e.start]):04x} in the text: not a character "
+                                      "a tokenizer can encode") from None
+
 # %% ../nbs/01e_prompts.ipynb #aa77a6a9
 def read_prompt_file(
     path,                   # JSONL, Parquet or a JSON array: this project's shapes or a benchmark's (PROMPT_FORMATS)
@@ -265,29 +307,12 @@ def read_prompt_file(
     max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
 ) -> PromptFile:
     "The conversations to continue, one per record; reference answers are dropped, the target writes its own."
-    from dflash_nb.records import RecordError
-    role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
-    if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
-        raise PromptFileError(f"{path}: unknown format {prompt_format!r} (formats: {', '.join(PROMPT_FORMATS)})")
     out = PromptFile(str(path), prompt_format, prompt_format is None, [], [])
-    for where, rec in prompt_records(path, max_record_bytes):
-        try:
-            _check_depth(rec)
-            if not isinstance(rec, dict):
-                raise RecordError("wrong_type", f"record must be a JSON object, got {type(rec).__name__}")
-            if out.format is None: out.format = detect_prompt_format(rec)
-            msgs, later = PROMPT_FORMATS[out.format][1](rec, role_map)
-            if isinstance(rec.get("system"), str) and not (msgs and msgs[0]["role"] == "system"):
-                msgs.insert(0, {"role": "system", "content": rec["system"]})
-            if msgs and msgs[-1]["role"] == "assistant": msgs = msgs[:-1]
-            if not msgs or msgs[-1]["role"] == "system":
-                raise RecordError("missing_field", "nothing to answer (no user turn)")
-        except (RecordError, PromptFileError) as e: raise PromptFileError(f"{where}: {e}") from None
+    for where, out.format, msgs, later in prompt_conversations(path, role_map, prompt_format, max_record_bytes):
         out.conversations.append(msgs)
         out.followups.append(later)
         out.where.append(where)
         if max_records is not None and len(out) >= max_records: break   # the rest of the file is never read
-    if not out.conversations: raise PromptFileError(f"{path}: no records")
     return out
 
 # %% ../nbs/01e_prompts.ipynb #c6828c37

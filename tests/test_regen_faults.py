@@ -91,7 +91,8 @@ def test_kills_resume_to_the_same_bytes_and_the_lock_holds(small, tmp_path):
 
 
 def test_hostile_prompt_files_are_one_line(small, tmp_path):
-    "NUL bytes, bad UTF-8, an oversized line, deep JSON, non-objects, no messages, no prompts: one line, exit 2."
+    """NUL bytes, bad UTF-8, an oversized line, deep JSON, non-objects, no messages, no prompts, a lone surrogate:
+    one line, exit 2."""
     args, _ = small
     good = b'{"prompt": "Hello there"}\n'
     cases = {b'{"prompt": "a\x00b"}\n': ":1: not JSON", good + b'{"prompt": "ab"}\x00\n': ":2: not JSON",
@@ -101,7 +102,8 @@ def test_hostile_prompt_files_are_one_line(small, tmp_path):
              b'{"messages": ' + b"[" * 5000 + b"]" * 5000 + b"}\n": ":1: not JSON (nested too deeply)",
              good + b'"a string"\n': ":2: record must be a JSON object, got str",
              b'{"foo": 1}\n': ":1: no prompt or messages field", b'{"messages": []}\n': ":1: the conversation has",
-             b"": ": no records", b"\n \n": ": no records"}
+             b"": ": no records", b"\n \n": ": no records",
+             good + b'{"prompt": "a\\ud800b"}\n': ":2: a lone surrogate \\ud800"}   # valid JSON, not encodable text
     for i, (data, said) in enumerate(cases.items()):
         f = tmp_path / f"p{i}.jsonl"
         f.write_bytes(data)
