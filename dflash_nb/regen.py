@@ -4,7 +4,7 @@
 
 # %% ../nbs/01h_regen.ipynb #d4bc4cda
 from __future__ import annotations
-import contextlib, hashlib, json, os, shutil, stat, sys, time
+import array, contextlib, hashlib, json, os, shutil, stat, sys, tempfile, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -20,7 +20,7 @@ from .config import patch
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
            'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
-           'totals', 'load_prompts', 'drop_duplicates', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
+           'totals', 'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
            'auto_dtype', 'open_engine', 'main', 'cli', 'serving_errors', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
@@ -261,7 +261,8 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
                   part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
     "The manifest of `out_dir` for this run: a new one, or the one on disk when it was made with the same settings."
     out_dir = Path(out_dir)
-    want = dict(prompts_sha=prompts_sha(convs), prompts=len(convs), shard_size=shard_size, settings=settings)
+    sha = getattr(convs, "sha", None) or prompts_sha(convs)    # a PromptSpool hashed its prompts as it wrote them
+    want = dict(prompts_sha=sha, prompts=len(convs), shard_size=shard_size, settings=settings)
     if tuple(part) != (0, 1): want["part"] = list(part)
     want = json.loads(json.dumps(want))           # as it reads back from the file (tuples are lists there)
     have, ours = _manifest_on_disk(out_dir), sorted(out_dir.glob("shard-*.jsonl"))
@@ -281,15 +282,15 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     return dict(want, shards={})
 
 # %% ../nbs/01h_regen.ipynb #a64c6a29
-def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man: dict, max_new_tokens: int,
+def regenerate_shards(engine, check: CompletionCheck, convs, out_dir, man: dict, max_new_tokens: int,
                       sampling: Sampling = Sampling(), verify=None, seed: int = 0,
                       max_shards: Optional[int] = None,   # stop after this many new shards (None: all)
                       context: Optional[int] = None,      # the target's context: longer prompt + answer is skipped
-                      where: Optional[list] = None) -> dict:   # per prompt, where it was read (FILE:LINE)
-    "Complete `convs` into the shards of `out_dir` that `man` (open_manifest) does not list yet; the totals."
+                      where=None) -> dict:   # per prompt, where it was read (FILE:LINE): a list or a PromptSpool.where
+    "Complete `convs` (a list, or a PromptSpool) into the shards of `out_dir` that `man` does not list yet; the totals."
     out_dir, size, todo = Path(out_dir), man["shard_size"], pending_shards(man, out_dir)
-    left = sum(len(convs[i * size:(i + 1) * size]) for i in todo)
-    mine = sum(len(convs[i * size:(i + 1) * size]) for i in own_shards(man))
+    in_shard = lambda i: min(size, len(convs) - i * size)   # counted, not read: a PromptSpool is read a shard at a time
+    left, mine = sum(map(in_shard, todo)), sum(map(in_shard, own_shards(man)))
     with Progress(mine, f"regenerate {out_dir.name}", "completions", initial=mine - left) as bar:
         for i in todo[:max_shards]:
             part = convs[i * size:(i + 1) * size]
@@ -302,8 +303,9 @@ def regenerate_shards(engine, check: CompletionCheck, convs: list, out_dir, man:
                                           verify if sampling.greedy else None)
             text = "".join(lines)
             atomic_write_text(out_dir / shard_name(i), text)
-            long = [(where or [])[i * size + j] if where else f"prompt {i * size + j + 1}"
-                    for j in range(len(part)) if j not in set(fits)]
+            long = sorted(set(range(len(part))) - set(fits))
+            places = where[i * size:(i + 1) * size] if where is not None and long else None
+            long = [places[j] if places else f"prompt {i * size + j + 1}" for j in long]
             man["shards"][str(i)] = dict(st, prompts=len(part), too_long=len(long), seconds=round(secs, 3),
                                          sha256=hashlib.sha256(text.encode()).hexdigest(), **_examples(long))
             atomic_write_text(out_dir / MANIFEST, json.dumps(man, indent=1))
@@ -353,52 +355,80 @@ def totals(man: dict) -> dict:
     return out
 
 # %% ../nbs/01h_regen.ipynb #44bb6955
-def load_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
-                 max_record_bytes: Optional[int] = None,
-                 where: Optional[list] = None) -> tuple[list, dict]:   # filled with each prompt's FILE:LINE
-    "(conversations, {spec: prompts read}) of every spec in order: FILE, FORMAT=FILE or an s3:// URI."
-    from dflash_nb.prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, read_prompt_file
-    from dflash_nb.commands import scratch_dir
-    convs, counts, scratch = [], {}, None
+class PromptSpool:
+    "A prompt set in an unlinked temp file, a line a prompt: it slices like a list of conversations, never held whole."
+    def __init__(self):
+        self.file = tempfile.TemporaryFile(prefix="dflash_nb-prompts-")   # no name: freed however the process ends
+        self.starts = array.array("q", [0])    # where each line starts, then where the last one ends: 8 bytes a prompt
+        self.first = {}                         # each prompt's 16-byte digest -> its place: a repeat is dropped
+        self.repeats, self.repeated = 0, []     # prompts dropped as repeats; (where, where of the first) of a few
+        self.counts = {}                        # prompts read per command-line spec (repeats included)
+        self._sha = hashlib.sha256()
+        self.where = _SpoolField(self, 0)       # `spool.where[a:b]`: where prompts a..b-1 were read (FILE:LINE)
+
+    def __len__(self): return len(self.starts) - 1
+    def __getitem__(self, i): return _SpoolField(self, 1)[i]
+    @property
+    def sha(self) -> str: return self._sha.hexdigest()   # `prompts_sha` of the prompts kept, in order
+
+    def add(self, msgs: list, where: str) -> bool:
+        "Append `msgs`, read at `where`; False (nothing written) when it repeats an earlier prompt."
+        canon = json.dumps(msgs, sort_keys=True, ensure_ascii=False).encode()
+        key = hashlib.blake2b(canon, digest_size=16).digest()
+        if (first := self.first.get(key)) is not None:
+            self.repeats += 1
+            if len(self.repeated) < 3: self.repeated.append((where, self.where[first]))
+            return False
+        self.first[key] = len(self)
+        self._sha.update(canon + b"\n")
+        line = f"{json.dumps(where)}\t{json.dumps(msgs, ensure_ascii=False)}\n".encode()   # JSON: no raw tab, newline
+        self.file.seek(self.starts[-1])
+        self.file.write(line)
+        self.starts.append(self.starts[-1] + len(line))
+        return True
+
+class _SpoolField:
+    "Field `k` of a PromptSpool's lines (0: where, 1: the conversation), read from the file a slice at a time."
+    def __init__(self, spool: PromptSpool, k: int): self.spool, self.k = spool, k
+    def __len__(self): return len(self.spool)
+    def __getitem__(self, i):
+        if not isinstance(i, slice): return self[range(len(self))[i]:][0]   # an IndexError past the end, as a list
+        a, b, step = i.indices(len(self))
+        if step != 1: raise ValueError("a PromptSpool is sliced in steps of 1")
+        if b <= a: return []
+        f, s = self.spool.file, self.spool.starts
+        f.seek(s[a])
+        return [json.loads(line.split(b"\t", 1)[self.k]) for line in f.read(s[b] - s[a]).split(b"\n")[:-1]]
+
+# %% ../nbs/01h_regen.ipynb #8e42e458
+def spool_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
+                  max_record_bytes: Optional[int] = None) -> PromptSpool:
+    "Every spec's prompts in order (FILE, FORMAT=FILE or an s3:// URI) in a PromptSpool, written as they are read."
+    from dflash_nb.prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, prompt_conversations
+    spool, read = PromptSpool(), 0
     for spec in map(str, specs):
         fmt, _, path = spec.partition("=")
         if not path or fmt not in PROMPT_FORMATS: fmt, path = None, spec
-        files = [path]
-        if path.startswith("s3://"): files = _fetch_s3(path, data_cfg, scratch := scratch or scratch_dir())
-        for f in files:
-            left = None if max_prompts is None else max_prompts - len(convs)
-            if left == 0: break
-            pf = read_prompt_file(f, prompt_format=fmt, max_records=left,
-                                  max_record_bytes=max_record_bytes or MAX_PROMPT_RECORD_BYTES)
-            convs += pf.conversations
-            if where is not None: where += pf.where
-            counts[spec] = counts.get(spec, 0) + len(pf)
-    return convs, counts
+        for f, name in (_fetch_s3(path, data_cfg) if path.startswith("s3://") else [(path, path)]):
+            if read == max_prompts: break
+            # no cap on a file's total (each record is capped): nothing read is held, and 902K prompts are one file
+            for where, _, msgs, _ in prompt_conversations(f, prompt_format=fmt, max_file_bytes=None,
+                                                          max_record_bytes=max_record_bytes or MAX_PROMPT_RECORD_BYTES):
+                spool.add(msgs, where.replace(str(f), name, 1))
+                read, spool.counts[spec] = read + 1, spool.counts.get(spec, 0) + 1
+                if read == max_prompts: break
+    return spool
 
-# %% ../nbs/01h_regen.ipynb #4b5f5ff3
-def _fetch_s3(uri: str, data_cfg, into: Path) -> list[Path]:
-    "Local copies of the objects an s3:// URI names (listed as `dflash-data` lists its inputs)."
+def _fetch_s3(uri: str, data_cfg):
+    "(local copy, its URI) of each object an s3:// URI names (listed as `dflash-data` lists its inputs), one at a time."
     from dflash_nb.inputs import list_inputs, open_input
-    out = []
+    from dflash_nb.commands import scratch_dir
+    into = scratch_dir()
     for f in list_inputs([uri], data_cfg):
-        p = into / f"{len(list(into.iterdir())):05d}-{Path(f.name).name}"
+        p = into / Path(f.name).name
         with open_input(f, 0, data_cfg) as src, open(p, "wb") as dst: shutil.copyfileobj(src, dst, 1 << 20)
-        out.append(p)
-    return out
-
-# %% ../nbs/01h_regen.ipynb #948fc9c5
-def drop_duplicates(convs: list, where: list) -> tuple[list, list, list]:
-    "(convs, where) without prompts that repeat an earlier one (the first kept); (where, where of the first) of each."
-    seen, keep, at, dups = {}, [], [], []
-    for m, w in zip(convs, where):
-        k = hashlib.blake2b(json.dumps(m, sort_keys=True, ensure_ascii=False).encode(), digest_size=16).digest()
-        if k in seen:
-            dups.append((w, seen[k]))
-            continue
-        seen[k] = w
-        keep.append(m)
-        at.append(w)
-    return keep, at, dups
+        yield p, f.uri
+        p.unlink()                                   # read into the spool: the next object takes its place
 
 # %% ../nbs/01h_regen.ipynb #0bdb1d0c
 def context_length(target_dir) -> Optional[int]:
@@ -644,9 +674,8 @@ def _main(argv: list) -> int:
     if a.engine == "vllm":
         from dflash_nb.serving import serving_python
         serving_python()                         # a Python with vLLM to serve with, before anything is read
-    data_cfg, where = _data_config(a), []
-    convs, counts = load_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes, where)
-    convs, where, dups = drop_duplicates(convs, where)
+    data_cfg = _data_config(a)
+    prompts = spool_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)
     tok, gen_cfg = load_tokenizer(a.tokenizer or target), generation_config(target)
     sampling = Sampling() if a.sampling == "greedy" else recommended_sampling(gen_cfg)
     check = CompletionCheck(tok, data_cfg, end_ids(gen_cfg))
@@ -654,14 +683,14 @@ def _main(argv: list) -> int:
     except OSError as e: raise ConfigError(f"--out {out}: cannot create it ({e.strerror})") from None
     with RegenLock(out) as lock:
         if lock.taken_over: print(f"note: took over the lock of pid {lock.taken_over.get('pid')} (no longer running)")
-        man = open_manifest(out, convs, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
+        man = open_manifest(out, prompts, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
                             (a.shard_index, a.num_shards))
         for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
                                                    "edited since): writing it again", flush=True)
-        print(f"{len(convs):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in counts.items())}); "
+        print(f"{len(prompts):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in prompts.counts.items())}); "
               f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
-        if dups: print(f"  {len(dups):,} duplicated prompts dropped (the first kept), e.g. {dups[0][0]} repeats "
-                       f"{dups[0][1]}", flush=True)
+        if prompts.repeats: print(f"  {prompts.repeats:,} duplicated prompts dropped (the first kept), e.g. "
+                                  f"{prompts.repeated[0][0]} repeats {prompts.repeated[0][1]}", flush=True)
         if a.threads: torch.set_num_threads(a.threads)
         extra = {"tokenizer": str(a.tokenizer)} if a.tokenizer and a.engine == "vllm" else {}
         if a.engine == "vllm" and a.worker_timeout: extra["timeout"] = a.worker_timeout
@@ -670,8 +699,8 @@ def _main(argv: list) -> int:
             try:
                 with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed,
                                  **extra) as (e, v):
-                    r = regenerate_shards(e, check, convs, out, man, a.max_new_tokens, sampling, v, a.seed,
-                                          a.max_shards, context_length(target), where)
+                    r = regenerate_shards(e, check, prompts, out, man, a.max_new_tokens, sampling, v, a.seed,
+                                          a.max_shards, context_length(target), prompts.where)
             except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from
                 raise type(err)(f"{err}; {_last_written(man, out)}") from None
     print(summary(r, time.perf_counter() - t0, out), flush=True)
