@@ -173,18 +173,22 @@ def test_bad_input_is_one_line_and_exit_2(small, served, tmp_path, monkeypatch):
 
 
 def test_prompts_from_s3_are_the_local_prompts(small, s3_server, tmp_path):
-    "An s3:// prefix (listed as dflash-data lists its inputs) gives the shards of the same file read locally."
+    """An s3:// prefix (listed as dflash-data lists its inputs) gives the shards of the same file read locally; a
+    prompt is named by its object's URI (a second object repeats the first prompt: dropped, named)."""
     from dflash_nb import storage
     args, d = small
     bucket = s3_server.make_bucket("prompts")
-    s3_server.client().put_object(Bucket=bucket, Key="set/p.jsonl", Body=(d / "p.jsonl").read_bytes())
+    lines = (d / "p.jsonl").read_bytes()
+    s3_server.client().put_object(Bucket=bucket, Key="set/p.jsonl", Body=lines)
+    s3_server.client().put_object(Bucket=bucket, Key="set/q.jsonl", Body=lines.splitlines(keepends=True)[0])
     spec = f"s3://{bucket}/set/"
     argv = [spec if a == str(d / "p.jsonl") else a for a in args(tmp_path / "s3")]
     with s3_server.env():
         storage._S3_CLIENTS.clear()
         try: rc, out, _ = run_main(*argv)
         finally: storage._S3_CLIENTS.clear()
-    assert rc == 0 and out.startswith(f"8 prompts ({spec}: 8)"), out
+    assert rc == 0 and out.startswith(f"8 prompts ({spec}: 9)"), out
+    assert f"e.g. {spec}q.jsonl:1 repeats {spec}p.jsonl:1" in out, out
     assert shards(tmp_path / "s3") == shards(d / "whole")
 
 
