@@ -548,7 +548,7 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
     "(engine, verifying target or None) of `kind` 'hf' or 'vllm' on the target checkpoint in `target_dir`."
     if kind == "vllm":
         from dflash_nb.serving import VLLMEngine
-        with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout= (seconds per request)
+        with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout=, load_timeout= (seconds)
             eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
         with eng: yield eng, None
         return
@@ -603,8 +603,10 @@ def _parser():
     a("--max-record-bytes", type=int, default=None, help="a longer prompt record is refused (default 1 MiB)")
     a("--max-shards", type=int, default=None, help="stop after K new shards (a rerun continues)")
     a("--worker-timeout", type=float, default=None, metavar="SECONDS",
-      help="vllm: the longest the worker may take to load or to answer one shard before it is stopped and the run "
-           "exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)")
+      help="vllm: the longest the worker may take to answer one shard before it is stopped and the run exits non-zero "
+           "(default: DFLASH_WORKER_TIMEOUT, else 3600)")
+    a("--load-timeout", type=float, default=None, metavar="SECONDS",
+      help="vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)")
     a("--shard-index", type=int, default=0, help="this machine's shards: those j with j %% n == i (default 0)")
     a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
     a("--merge", nargs="+", metavar="DIR", default=None,
@@ -638,7 +640,7 @@ def _data_config(a) -> DataConfig:
 # %% ../nbs/01h_regen.ipynb #2212c8c2
 def _positive(a):
     for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
-                 "max_shards", "worker_timeout", "num_shards"):
+                 "max_shards", "worker_timeout", "load_timeout", "num_shards"):
         v = getattr(a, flag)
         if v is not None and v < 1: raise ConfigError(f"--{flag.replace('_', '-')} {v}: must be >= 1")
 
@@ -693,7 +695,7 @@ def _main(argv: list) -> int:
                                   f"{prompts.repeated[0][0]} repeats {prompts.repeated[0][1]}", flush=True)
         if a.threads: torch.set_num_threads(a.threads)
         extra = {"tokenizer": str(a.tokenizer)} if a.tokenizer and a.engine == "vllm" else {}
-        if a.engine == "vllm" and a.worker_timeout: extra["timeout"] = a.worker_timeout
+        if a.engine == "vllm": extra.update(timeout=a.worker_timeout, load_timeout=a.load_timeout)
         t0, r = time.perf_counter(), totals(man)
         if pending_shards(man, out):               # all done: nothing to start
             try:

@@ -66,16 +66,18 @@ def worker_tmp_dir(base: str | None = None) -> str:   # where to make it (None: 
                        f"among {', '.join(bases)}: set TMPDIR to a shorter one")
 
 # %% ../nbs/01g_serving.ipynb #48f22ce1
-WORKER_TIMEOUT_S = 3600.0   # the longest a request (load, a shard's generate) may go unanswered; DFLASH_WORKER_TIMEOUT
+WORKER_TIMEOUT_S = 3600.0   # the default of both timeouts below (DFLASH_WORKER_TIMEOUT sets another)
 
 class VLLMEngine:
     "One vLLM engine in a worker process of the serving environment; a context manager."
     def __init__(self, target_dir, drafter_dir=None, num_speculative_tokens=None, dtype="float32", seed=0,
                  max_model_len=None,
-                 timeout: float | None = None,   # seconds a request may wait (None: DFLASH_WORKER_TIMEOUT, 3600)
+                 timeout: float | None = None,       # seconds a request after the load may wait for its answer
+                 load_timeout: float | None = None,  # seconds the load may take (None, both: the default above)
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
-        self.timeout = float(timeout or os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
+        default = float(os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
+        self.timeout, self.load_timeout = float(timeout or default), float(load_timeout or default)
         python, self.proc, self._shm = serving_python(), None, set()
         self._tmp = worker_tmp_dir()       # vLLM leaves files in TMPDIR: its own, removed by close
         try: self._start(python)
@@ -85,7 +87,7 @@ class VLLMEngine:
         req = {"op": "load", "target_dir": str(target_dir), "drafter_dir": drafter_dir and str(drafter_dir),
                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "seed": seed,
                "max_model_len": max_model_len, "engine_kwargs": engine_kwargs}
-        try: self.load_seconds = self._call(req)["seconds"]
+        try: self.load_seconds = self._call(req, self.load_timeout)["seconds"]
         except BaseException:
             self.close()
             raise
@@ -124,18 +126,19 @@ def _read_replies(self: VLLMEngine, out=None):
 
 # %% ../nbs/01g_serving.ipynb #81eb2394
 @patch
-def _call(self: VLLMEngine, req: dict) -> dict:
+def _call(self: VLLMEngine, req: dict, timeout: float | None = None) -> dict:   # None: self.timeout
     if self.proc is None: raise ServingError("the vLLM engine is closed")
     try:
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
     except BrokenPipeError: pass   # the worker is gone: its reply (none) and exit status say why
-    try: line = self._replies.get(timeout=self.timeout)
+    timeout = timeout or self.timeout
+    try: line = self._replies.get(timeout=timeout)
     except queue.Empty:
         self.close(wait=0)
-        raise ServingError(f"the vLLM worker did not answer {req['op']!r} within {self.timeout:g} s (hung?); it and "
-                           "its processes were stopped (the timeout: --worker-timeout or DFLASH_WORKER_TIMEOUT)",
-                           self.log) from None
+        flag = "--load-timeout" if req["op"] == "load" else "--worker-timeout"
+        raise ServingError(f"the vLLM worker did not answer {req['op']!r} within {timeout:g} s (hung?); it and its "
+                           f"processes were stopped (the timeout: {flag} or DFLASH_WORKER_TIMEOUT)", self.log) from None
     if line is None:
         rc = self.proc.wait()
         self._drain.join(5)
