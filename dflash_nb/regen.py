@@ -427,8 +427,8 @@ def _fetch_s3(uri: str, data_cfg):
     for f in list_inputs([uri], data_cfg):
         p = into / Path(f.name).name
         with open_input(f, 0, data_cfg) as src, open(p, "wb") as dst: shutil.copyfileobj(src, dst, 1 << 20)
-        yield p, f.uri
-        p.unlink()                                   # read into the spool: the next object takes its place
+        try: yield p, f.uri
+        finally: p.unlink()                          # read into the spool (or not needed): the next takes its place
 
 # %% ../nbs/01h_regen.ipynb #0bdb1d0c
 def context_length(target_dir) -> Optional[int]:
