@@ -379,6 +379,21 @@ def _parser():
         metavar="N",
         help="--engine vllm: the sweep's batch sizes, prompts served N at a time (default 1 16)",
     )
+    ap.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--engine vllm: the longest the worker may take to answer one request before it is stopped and the "
+        "command exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)",
+    )
+    ap.add_argument(
+        "--load-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="--engine vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)",
+    )
     return ap
 
 # %% ../nbs/09b_evaluate.ipynb #c65179d2
@@ -397,6 +412,8 @@ def main(argv=None) -> dict:
         ("speculative", 0),
         ("measure_speedup", 0),
         ("top_k", 0),
+        ("worker_timeout", 1),
+        ("load_timeout", 1),
     ):
         if (v := getattr(args, flag)) is not None and v < low:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be >= {low}, got {v}")
@@ -507,13 +524,14 @@ def serve_prompt_sets(
     top_p: float = 1.0, top_k: int = 0,
     num_speculative_tokens: int | None = None,  # None: the export's block size - 1
     dtype: str = "float32",
+    **timeouts,                      # VLLMEngine's timeout=, load_timeout= (seconds)
 ) -> dict:
     "{set: {T: vLLM's τ, accepted per position, output tokens/s with and without the drafter}}, served by vLLM."
     from dflash_nb.serving import spec_delta
     firsts = {n: [torch.as_tensor(p).tolist() for p in _first_turns(ps)] for n, ps in prompt_sets.items()}
     longest = max(len(p) for ps in firsts.values() for p in ps)
     plain, spec = _start_engines(target_dir, drafter_dir, num_speculative_tokens, dtype=dtype,
-                                 max_model_len=longest + max_new_tokens + 16)
+                                 max_model_len=longest + max_new_tokens + 16, **timeouts)
     try:
         out = {}
         for name, ps in firsts.items():
@@ -533,7 +551,7 @@ def _add_served(args, sets, rendered, B, stop, n_new):
     "`--engine vllm`: vLLM's figures into every cell of `sets`, and its two tables printed."
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     served = serve_prompt_sets(args.target, args.drafter, rendered, args.temperature, n_new, stop, args.top_p,
-                               args.top_k, B - 1 if args.block_size else None, dtype)
+                               args.top_k, B - 1 if args.block_size else None, dtype, **_timeouts(args))
     for name, s in sets.items():
         for T, r in s.items():
             r.update(vllm=served[name][T], vllm_tau=served[name][T]["tau"], vllm_speedup=served[name][T]["speedup"])
@@ -541,6 +559,10 @@ def _add_served(args, sets, rendered, B, stop, n_new):
     print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
     print("vLLM output tokens/s with the drafter / without it")
     print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
+
+def _timeouts(args) -> dict:
+    "The vLLM worker's timeouts the command line set (none: DFLASH_WORKER_TIMEOUT, else 3600 s)."
+    return dict(timeout=args.worker_timeout, load_timeout=args.load_timeout)
 
 # %% ../nbs/09b_evaluate.ipynb #b25dcb22
 def _generate_batched(engine, prompts: list, batch: int, max_new_tokens: int, **gen) -> dict:
@@ -602,12 +624,13 @@ def serve_sweep(
     max_new_tokens: int = 64,
     stop_token_ids=(),
     dtype: str = "float32",
+    **timeouts,                # VLLMEngine's timeout=, load_timeout= (seconds)
 ) -> dict:
     "Every (k, batch) cell served by vLLM, greedy: acceptance length, output tokens/s without and with the drafter."
     import signal
     from dflash_nb.serving import VLLMEngine, spec_delta
     ps = [torch.as_tensor(p).tolist() for p in _first_turns(prompts)]
-    kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16)
+    kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16, **timeouts)
     gen = dict(temperature=0.0, stop_token_ids=list(stop_token_ids))
     engines, cells, prev = [], [], _kill_workers_on_sigterm()
     try:
@@ -645,7 +668,7 @@ def _add_sweep(args, rendered, stop, n_new) -> dict:
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     name, prompts = next(iter(rendered.items()))
     print(f"vLLM sweep on {name} ({len(prompts)} prompts, greedy, {n_new} new tokens, {dtype}): k {ks} × batch {bs}")
-    sweep = serve_sweep(args.target, args.drafter, prompts, ks, bs, n_new, stop, dtype)
+    sweep = serve_sweep(args.target, args.drafter, prompts, ks, bs, n_new, stop, dtype, **_timeouts(args))
     print(format_sweep(sweep["cells"]))
     b = sweep["best"]
     print(f"best at batch {b['batch']}: k = {b['k']} ({b['speedup']:.2f}x, τ {b['tau']:.3f}); "

@@ -251,6 +251,21 @@ def test_a_signal_during_a_sweep_leaves_no_worker(served, sig):
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_a_load_past_load_timeout_is_one_line_and_leaves_nothing(served):
+    """`dflash-eval --engine vllm --load-timeout 2`: vLLM takes longer than that to load, so the worker is stopped with
+    everything it started; one line naming the flag, exit 2, the worker's TMPDIR gone."""
+    tmp = Path(tempfile.mkdtemp(prefix="ev-", dir="/tmp"))
+    try:
+        r = subprocess.run(eval_cmd(served, served["root"] / "never.json", "--load-timeout", "2"),
+                           capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+        last = r.stderr.splitlines()[-1]                       # after the progress lines of its own target's load
+        assert r.returncode == 2 and last.startswith("dflash-eval: error: the vLLM worker did not answer 'load' "
+                                                     "within 2 s (hung?)"), r.stderr[-2000:]
+        assert last.endswith("(the timeout: --load-timeout or DFLASH_WORKER_TIMEOUT)"), last
+        assert os.listdir(tmp) == [] and workers_of(os.getpid()) == [], os.listdir(tmp)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+
+
 def signal_the_sweep(served, tmp, sig):
     "Start `dflash-eval --engine vllm` under TMPDIR `tmp`, send it `sig` while vLLM loads, check nothing is left."
     from dflash_nb.vllm_worker import group_members
