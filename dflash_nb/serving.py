@@ -111,13 +111,16 @@ def _start(self: VLLMEngine, python: str):
     finally: os.close(r)
     self._alive = w
     self._replies = queue.Queue()
+    self._marks = threading.Semaphore(0)          # released per LOG_MARK: the log holds what came before an error
     self._drain = threading.Thread(target=self._keep_log, daemon=True)
     self._drain.start()
     threading.Thread(target=self._read_replies, daemon=True).start()
 
 @patch
 def _keep_log(self: VLLMEngine):
-    for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
+    for line in self.proc.stderr:
+        if line.rstrip("\n") == vllm_worker.LOG_MARK: self._marks.release()
+        else: self.log.append(line.rstrip("\n"))
 
 @patch
 def _read_replies(self: VLLMEngine, out=None):
@@ -144,7 +147,9 @@ def _call(self: VLLMEngine, req: dict, timeout: float | None = None) -> dict:   
         self._drain.join(5)
         raise ServingError(f"{exit_status(rc)} while answering {req['op']!r}: {last_said(self.log)}", self.log)
     reply = json.loads(line)
-    if "error" in reply: raise ServingError(reply["error"], self.log)
+    if "error" in reply:
+        self._marks.acquire(timeout=5)             # the worker marked its log first: wait until it is all read
+        raise ServingError(reply["error"], self.log)
     return reply
 
 # %% ../nbs/01g_serving.ipynb #fb5bbb4d

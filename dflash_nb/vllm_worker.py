@@ -8,9 +8,9 @@ import contextlib, json, os, shutil, signal, sys, threading, time, traceback
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line', 'drafted_tokens', 'llm_kwargs',
-           'with_cpu_defaults', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members', 'shm_files',
-           'end_group', 'watch_parent', 'main']
+__all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line', 'drafted_tokens',
+           'llm_kwargs', 'with_cpu_defaults', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members',
+           'shm_files', 'end_group', 'watch_parent', 'main']
 
 # %% ../nbs/01f_vllm_worker.ipynb #5cd24dd6
 def one_line(e: BaseException) -> str:
@@ -100,7 +100,10 @@ class Worker:
         return {"spec": spec_counts(self.llm.get_metrics())}
 
 # %% ../nbs/01f_vllm_worker.ipynb #2849e43a
-def _reply(out, obj: dict):
+LOG_MARK = "\x1e dflash_nb: an error reply follows"   # on stderr before an error reply; not a line of vLLM's log
+
+def _reply(out, obj: dict, log=None):   # log: the stream vLLM logs to (stderr), marked before an error reply
+    if "error" in obj and log is not None: print(LOG_MARK, file=log, flush=True)
     out.write(json.dumps(obj) + "\n")
     out.flush()
 
@@ -112,14 +115,14 @@ def _request(line: str) -> dict:
     return req
 
 # %% ../nbs/01f_vllm_worker.ipynb #269ccce7
-def serve(inp, out, make_worker=Worker) -> int:
+def serve(inp, out, make_worker=Worker, log=None) -> int:   # log: as `_reply`'s
     "Answer JSON-line requests from `inp` on `out`; the exit status (0: input ended, 2: could not go on)."
     worker = None
     for line in inp:
         if not line.strip(): continue
         try: req = _request(line)
         except ValueError as e:  # not JSON, or not a request: nothing to answer it with
-            _reply(out, {"error": one_line(e)})
+            _reply(out, {"error": one_line(e)}, log)
             return 2
         if req["op"] == "close": return 0
         try:
@@ -129,7 +132,7 @@ def serve(inp, out, make_worker=Worker) -> int:
             elif req["op"] not in ("generate", "metrics"): raise ValueError(f"unknown op {req['op']!r}")
             _reply(out, {"seconds": worker.load_seconds} if req["op"] == "load" else getattr(worker, req["op"])(req))
         except Exception as e:
-            _reply(out, {"error": one_line(e)})
+            _reply(out, {"error": one_line(e)}, log)
             if worker is None: return 2
     return 0
 
@@ -211,7 +214,7 @@ def main() -> int:
     out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    return serve(sys.stdin, out)
+    return serve(sys.stdin, out, log=sys.stderr)
 
 # %% ../nbs/01f_vllm_worker.ipynb #45165efc
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
