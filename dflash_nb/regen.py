@@ -240,10 +240,14 @@ MANIFEST = "regen.manifest"   # JSON, but not *.json: `dflash-data --input DIR` 
 def shard_name(i: int) -> str: return f"shard-{i:05d}.jsonl"
 
 # %% ../nbs/01h_regen.ipynb #fe479758
+def _canonical(msgs) -> bytes:
+    "A conversation as bytes that depend on its content alone (keys sorted): what is hashed and compared."
+    return json.dumps(msgs, sort_keys=True, ensure_ascii=False).encode()
+
 def prompts_sha(convs) -> str:
     "Content hash of a prompt list: what a resumed run must complete again to write the same shards."
     h = hashlib.sha256()
-    for m in convs: h.update(json.dumps(m, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    for m in convs: h.update(_canonical(m) + b"\n")
     return h.hexdigest()
 
 # %% ../nbs/01h_regen.ipynb #70a267c5
@@ -373,7 +377,7 @@ class PromptSpool:
 
     def add(self, msgs: list, where: str) -> bool:
         "Append `msgs`, read at `where`; False (nothing written) when it repeats an earlier prompt."
-        canon = json.dumps(msgs, sort_keys=True, ensure_ascii=False).encode()
+        canon = _canonical(msgs)
         key = hashlib.blake2b(canon, digest_size=16).digest()
         if (first := self.first.get(key)) is not None:
             self.repeats += 1
@@ -392,7 +396,9 @@ class _SpoolField:
     def __init__(self, spool: PromptSpool, k: int): self.spool, self.k = spool, k
     def __len__(self): return len(self.spool)
     def __getitem__(self, i):
-        if not isinstance(i, slice): return self[range(len(self))[i]:][0]   # an IndexError past the end, as a list
+        if not isinstance(i, slice):
+            j = range(len(self))[i]                 # an IndexError past the end, as a list's
+            return self[j:j + 1][0]
         a, b, step = i.indices(len(self))
         if step != 1: raise ValueError("a PromptSpool is sliced in steps of 1")
         if b <= a: return []
