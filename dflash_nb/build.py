@@ -4,17 +4,19 @@
 
 # %% ../nbs/08d_build.ipynb #47ce77cf
 from __future__ import annotations
-import contextlib, os, time
+import contextlib, datetime, os, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
+from .parallel import (   # chapter Parallel: a target split over a TP group
+    layout, tp_mesh, load_target_tp, saved_tiny_target, plain_copy, is_split)
 
 # %% auto #0
-__all__ = ['dist_env', 'rank_devices', 'init_distributed', 'cpu_bf16', 'drafter_autocast', 'precision', 'precision_line',
-           'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter', 'drafter_lm_head_weight',
-           'warm_start_config', 'load_warm_start', 'available_bytes', 'check_drafter_memory', 'target_dims',
-           'check_sizes', 'check_token_ids', 'pick_backend']
+__all__ = ['dist_env', 'rank_devices', 'init_distributed', 'check_tp_devices', 'cpu_bf16', 'drafter_autocast', 'precision',
+           'precision_line', 'tokenizer_dir', 'build_target', 'drafter_config', 'build_drafter',
+           'drafter_lm_head_weight', 'warm_start_config', 'load_warm_start', 'available_bytes', 'check_drafter_memory',
+           'target_dims', 'check_sizes', 'check_token_ids', 'pick_backend']
 
 # %% ../nbs/08d_build.ipynb #189ce388
 def dist_env() -> tuple[int, int, int]:
@@ -42,17 +44,26 @@ def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torc
         return d, d
     return torch.device("cpu"), torch.device("cpu")
 
-def init_distributed(drafter_device: torch.device) -> bool:
+def init_distributed(drafter_device: torch.device,
+                     timeout_s: float = 1800.0) -> bool:   # train.collective_timeout_s: the longest a collective waits
     "Join the process group when launched with more than one rank (NCCL on GPU, gloo on CPU); False for a single rank."
     if dist.is_available() and dist.is_initialized(): return True
     _, world, _ = dist_env()
     if world == 1: return False
+    wait = datetime.timedelta(seconds=timeout_s)
     if drafter_device.type == "cuda":
         torch.cuda.set_device(drafter_device)
-        dist.init_process_group("nccl", device_id=drafter_device)
+        dist.init_process_group("nccl", device_id=drafter_device, timeout=wait)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=wait)
     return True
+
+def check_tp_devices(tc: TargetConfig, target_device: torch.device, drafter_device: torch.device):
+    "Refuse a split target (`tp_size` > 1) whose rank puts the target and the drafter on two devices (not verified)."
+    if tc.tp_size > 1 and target_device != drafter_device:
+        raise ConfigError(f"train.target.tp_size={tc.tp_size} with the pair [{target_device}, {drafter_device}]: "
+                          "a rank of a split target keeps its target slices and its drafter on one device; drop "
+                          "train.devices")
 
 # %% ../nbs/08d_build.ipynb #b7c1e2a1
 def _cpu_flags() -> set:
@@ -131,10 +142,18 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
     from dflash_nb.records import qwen3_tokenizer_dir
     return qwen3_tokenizer_dir()
 
-def build_target(tc: TargetConfig, device: torch.device):
-    "The frozen target CausalLM on `device`."
+def build_target(tc: TargetConfig, device: torch.device,
+                 root=None,                  # a split tiny target is saved here first (the run dir)
+                 timeout_s: float = 1800.0): # train.collective_timeout_s, for the TP group's collectives
+    "The frozen target CausalLM on `device`: whole, or with `tp_size` > 1 this rank's slices of it (chapter Parallel)."
     from dflash_nb.target import tiny_target, load_target
     dt = _dtype(tc.dtype, device)
+    if tc.tp_size > 1:
+        layout(tc.tp_size)    # a world that tp does not divide: one line, before any collective
+        if not dist.is_initialized(): raise ConfigError("train.target.tp_size > 1 needs a process group (torchrun)")
+        mesh = tp_mesh(tc.tp_size, device.type, timeout_s)
+        path = tc.path or saved_tiny_target(tc.tiny, dt, root or ".")
+        return load_target_tp(path, mesh, dt, device, tc.attn_implementation)
     if tc.path is None: return tiny_target(**{**tc.tiny, "dtype": dt}).to(device)
     return load_target(tc.path, dtype=dt, device=device, attn_implementation=tc.attn_implementation)
 
@@ -154,7 +173,9 @@ def build_drafter(drafter_cfg, features, device: torch.device, seed: int):
     import copy
     from dflash_nb.model import DFlashDrafter
     embed, head = features.embed_tokens, features.lm_head
-    if features.device != device:  # one frozen copy per drafter device
+    if is_split(embed.weight) or is_split(head.weight):   # a split target's: gathered whole (a collective, once)
+        embed, head = plain_copy(embed, device), plain_copy(head, device)
+    elif features.device != device:  # one frozen copy per drafter device
         embed, head = copy.deepcopy(embed).to(device), copy.deepcopy(head).to(device)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -347,8 +368,9 @@ def _target_parts(tc: TargetConfig, device: torch.device) -> tuple[dict, dict]:
     size = 2 if tc.dtype in ("auto", "bfloat16", "float16") else 4       # auto: bfloat16 at the least
     dims = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kvh,
                 head_dim=hd, intermediate_size=I)
-    return dims, {f"target weights ({src}vocab_size={V}, hidden_size={H}, num_hidden_layers={L}, "
-                  f"intermediate_size={I})": size * params}
+    share = f"1/{tc.tp_size} of the " if tc.tp_size > 1 else ""      # split tensor-parallel: each rank its slices
+    return dims, {f"{share}target weights ({src}vocab_size={V}, hidden_size={H}, num_hidden_layers={L}, "
+                  f"intermediate_size={I})": size * params // tc.tp_size}
 
 
 # %% ../nbs/08d_build.ipynb #e16d5d51
@@ -363,6 +385,9 @@ def check_sizes(cfg: TrainConfig, target_device: torch.device, drafter_device: t
     V = (hf.get_text_config() if hasattr(hf, "get_text_config") else hf).vocab_size
     _ids_in_vocab({"train.drafter.mask_token_id": cfg.drafter.get("mask_token_id")}, V)
     drafter = check_drafter_memory(cfg, SimpleNamespace(config=hf), drafter_device, check=False)
+    if cfg.target.tp_size > 1 and dims:   # the drafter's whole copies of the split embedding and head
+        copies = "whole embedding and lm_head copies (train.target.tp_size > 1)"
+        drafter[copies] = 2 * 2 * dims["vocab_size"] * dims["hidden_size"]     # two V x H copies, 2 bytes at the least
     rows = cfg.global_batch // dist_env()[1]
     host = {f"rows of one step (global_batch={cfg.global_batch}, at least {_ROW_BYTES} bytes a row)": _ROW_BYTES * rows}
     by_device, owner = {}, {}

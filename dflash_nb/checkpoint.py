@@ -43,6 +43,16 @@ class FaultConfig:
     sigkill_at_step: Optional[int] = opt(None, "TEST ONLY: SIGKILL this process when it reaches this step")
     kill_in_checkpoint: Optional[int] = opt(
         None, "TEST ONLY: SIGKILL this process half-way through writing the checkpoint of this step")
+    hang_at_step: Optional[int] = opt(None, "TEST ONLY: stop this process (SIGSTOP) when it reaches this step: a "
+                                            "rank that hangs")
+    rank: Optional[int] = opt(None, "TEST ONLY: sigkill_at_step and hang_at_step fire on this rank only; None = "
+                                    "every rank")
+
+    def at_step(self, step: int, rank: int = 0):   # the step about to run, and the rank running it
+        "SIGKILL (`sigkill_at_step`) or SIGSTOP (`hang_at_step`) this process at `step`, on `rank` or on every rank."
+        if self.rank is not None and self.rank != rank: return
+        if self.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
+        if self.hang_at_step == step: os.kill(os.getpid(), signal.SIGSTOP)
 
     def during_checkpoint(self, step: int):   # the step whose checkpoint is being written
         "SIGKILL this process if `kill_in_checkpoint` is `step` (a save calls this half-way through its files)."

@@ -10,9 +10,10 @@ from typing import Optional
 import torch
 from .metrics import Stopwatch   # chapter Metrics: device time without a host sync
 from .config import patch
+from .parallel import group_features   # chapter Parallel: a split target runs each member's row
 
 # %% auto #0
-__all__ = ['stable_seed', 'RowStream', 'rank_row', 'Batch', 'make_batch', 'FeatureProducer']
+__all__ = ['stable_seed', 'RowStream', 'rank_row', 'Batch', 'packed_row', 'make_batch', 'FeatureProducer']
 
 # %% ../nbs/08f_rows.ipynb #2312ba00
 def stable_seed(*parts) -> int:
@@ -81,18 +82,24 @@ class Batch:
     features: Optional[torch.Tensor] = None             # (S, n_t·H) on the drafter device
     target_final: Optional[torch.Tensor] = None         # (S, H) the target's final-norm states (distillation only)
     ready: Optional[object] = None                      # CUDA event recorded after the copy (None on CPU)
+    group_rows: Optional[list] = None   # split target: every TP group member's (input_ids, doc_ids), in group order
+    group_index: int = 0                # this rank's place in `group_rows`
 
     def tensors(self) -> dict: return {k: getattr(self, k) for k in _ROW_KEYS}
 
 # %% ../nbs/08f_rows.ipynb #1ae40a92
+def packed_row(samples: list[dict], stream: RowStream, row: int, max_tokens: int) -> dict:
+    "Global row `row` packed: input_ids, loss_mask, doc_ids, position_ids (each sample cut to `max_tokens`)."
+    from dflash_nb.anchors import make_packed_row
+    _, idx = stream[row]
+    docs = [{k: list(samples[i][k][:max_tokens]) for k in ("input_ids", "loss_mask")} for i in idx]
+    return make_packed_row(docs, max_tokens)
+
 def make_batch(samples: list[dict], stream: RowStream, row: int, step: int, micro: int, *,
                max_tokens: int, block_size: int, max_anchors: int, mask_token_id: int, seed: int) -> Batch:
     "Pack global row `row` and sample its anchors with a generator seeded by `(seed, row)`."
-    from dflash_nb.anchors import (make_packed_row, sample_anchors, anchor_block_labels, block_input_ids,
-                                   block_position_ids)
-    _, idx = stream[row]
-    docs = [{k: list(samples[i][k][:max_tokens]) for k in ("input_ids", "loss_mask")} for i in idx]
-    r = make_packed_row(docs, max_tokens)
+    from dflash_nb.anchors import sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
+    r = packed_row(samples, stream, row, max_tokens)
     g = torch.Generator().manual_seed(stable_seed("anchors", seed, row))
     anchors, keep = sample_anchors(r["loss_mask"], r["doc_ids"], block_size, max_anchors, generator=g)
     labels, valid = anchor_block_labels(r["input_ids"], r["loss_mask"], r["doc_ids"], anchors, keep, block_size)
@@ -142,7 +149,8 @@ def produce(self: FeatureProducer, step: int, micro: int) -> Batch:
     pin = self.drafter_device.type == "cuda"
     with self._ctx(self.target_stream):
         t = self.target_clock.start()
-        feats = self.features(b.input_ids, b.doc_ids)
+        if b.group_rows is None: feats = self.features(b.input_ids, b.doc_ids)
+        else: feats = group_features(self.features, b.group_rows, b.group_index)   # a split target's TP group
         feats, final = feats if isinstance(feats, tuple) else (feats, None)
         self.target_clock.stop(t)
     copy = self.copy_stream or self.target_stream

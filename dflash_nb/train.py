@@ -16,7 +16,8 @@ from .records import DataConfig
 from .regen import read_prompts, float32_on_cpu, regenerate
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
-    precision_line, check_sizes)
+    precision_line, check_sizes, check_tp_devices)
+from .parallel import layout, collective_error   # chapter Parallel: a split target, a failed collective
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 
@@ -152,6 +153,10 @@ def check_run(cfg: RunConfig):
         raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
                           f"(the target's checkpoint: config.json + weights)")
     tokenizer = load_tokenizer(tokenizer_dir(tc.target))
+    if rg.prompts and tc.target.tp_size > 1:   # rank 0 alone would generate, but a split target runs as a group
+        raise ConfigError(f"regenerate.prompts with train.target.tp_size={tc.target.tp_size}: a split target does not "
+                          f"regenerate inside a training run; run dflash-regen --engine vllm --tensor-parallel-size "
+                          f"{tc.target.tp_size} and dflash-data first, then train on train.data_dir")
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
     if rg.prompts and rg.engine == "vllm":
@@ -280,10 +285,12 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     t_all = time.perf_counter()
     if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
-    target_device, drafter_device = rank_devices(cfg.train.devices, local_rank)
-    if "cpu" in (target_device.type, drafter_device.type): keep_freed_memory()
-    distributed = init_distributed(drafter_device)
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
+    split = layout(tc.target.tp_size).tp > 1   # a split target runs as a group: every rank loads and evaluates
+    target_device, drafter_device = rank_devices(tc.devices, local_rank)
+    check_tp_devices(tc.target, target_device, drafter_device)
+    if "cpu" in (target_device.type, drafter_device.type): keep_freed_memory()
+    distributed = init_distributed(drafter_device, tc.collective_timeout_s)
     tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
     check_sizes(tc, target_device, drafter_device)   # and every size, before anything is allocated
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -292,9 +299,9 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     # 1-2. data (rank 0; the others wait) --------------------------------------------------------------------------
     need_target = bool(cfg.regenerate.prompts) or cfg.evaluate.num_samples > 0
     target = None
-    if need_target and rank == 0:
+    if need_target and (rank == 0 or split):
         with stage(f"loading the target ({tc.target.path or 'tiny'})"), phase("target", cfg, run_dir):
-            target = build_target(tc.target, target_device)
+            target = build_target(tc.target, target_device, run_dir, tc.collective_timeout_s)
     if target is not None: log(f"precision: {precision_line(precision(tc, target, drafter_device))}")
     if rank == 0:
         with phase("data", cfg, run_dir): train_dir, held_dir = prepare_data(cfg, target, tokenizer, log, reuse_from)
@@ -306,7 +313,7 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     tc = dataclasses.replace(tc, data_dir=train_dir)
     report.update(train_data=train_dir, heldout_data=held_dir)
     # 3. τ of the untrained drafter (same seed ⇒ same init as the trainer's) ------------------------------------------
-    do_eval = rank == 0 and cfg.evaluate.num_samples > 0 and held_dir
+    do_eval = (rank == 0 or split) and cfg.evaluate.num_samples > 0 and held_dir
     if do_eval:
         with phase("tau_before", cfg, run_dir):
             drafter_cfg = drafter_config(target, tc.drafter, tokenizer)
@@ -318,11 +325,11 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
         log(f"tau before training: {before['tau']:.3f} on {before['samples']} held-out samples")
     # 4. train -----------------------------------------------------------------------------------------------------
     if cfg.sigterm_in_phase == "train": os.kill(os.getpid(), signal.SIGTERM)   # before its first step: unwinds
-    summary = train(tc, target=target)   # rank 0 reuses the target it already loaded (one copy per device)
+    summary = train(tc, target=target)   # the target already loaded is reused (one copy per device)
     drafter, drafter_cfg, trained_target = summary.pop("drafter"), summary.pop("drafter_config"), summary.pop("target")
     report["train"] = summary
     if summary["stopped"]: return report
-    # 5. τ after, export (rank 0) ----------------------------------------------------------------------------------
+    # 5. τ after (rank 0; every rank of a split target), export (rank 0) -------------------------------------------
     if do_eval:
         with phase("tau_after", cfg, run_dir):
             feats = TargetFeatures(trained_target, drafter_cfg.target_layer_ids,
@@ -388,6 +395,9 @@ def _main(argv: list) -> int:
         from dflash_nb.config import invoked_as
         print(f"{invoked_as('dflash_nb.train')}: error: {error_line(e)}", file=sys.stderr)
         return 3
+    except RuntimeError as e:     # a rank that hung or died: one line naming it, not a traceback per rank
+        if (failed := collective_error(e)) is not None: raise failed from None
+        raise
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

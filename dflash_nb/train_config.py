@@ -51,6 +51,10 @@ class TargetConfig:
                                                    "flash_attention_2, ...)")
     max_batch_tokens: int = opt(16384, "padded tokens per target micro-batch (documents run in isolation, "
                                        "length-bucketed)", min=1)
+    tp_size: int = opt(1, "ranks that split the target tensor-parallel (transformers' DistributedConfig, DTensor): "
+                          "the torchrun world is dp x tp, each run of tp consecutive ranks holds one target and each "
+                          "rank trains the drafter on its own rows (chapter 07c_parallel); 1 = the whole target on "
+                          "every rank", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, "
                          "num_layers, seed, ...)", keys=_tiny_keys)
 
@@ -106,6 +110,9 @@ class TrainConfig:
                                    "(run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     sigterm_wait_s: float = opt(60.0, "after SIGTERM, how long the step in progress may take to reach its boundary "
                                       "(checkpointed there); past it the step is abandoned and the run exits", gt=0)
+    collective_timeout_s: float = opt(1800.0, "how long a collective (the drafter's gradient all-reduce, a split "
+                                              "target's per-layer all-reduce) waits for a missing rank before the "
+                                              "run fails in one line; resume with resume=auto", gt=0, max=86400)
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), "
                                       "s3://bucket/prefix, or 'auto' (this run_dir if it has one)")

@@ -16,7 +16,7 @@ from .config import to_dict, save_config, ConfigError
 from .storage import atomic_write_text
 from .train_config import TrainConfig, lr_factor   # chapter Train config
 from .rows import (   # chapter Rows: the data order, a row's host batch, the producer
-    stable_seed, RowStream, rank_row, Batch, make_batch, FeatureProducer)
+    stable_seed, RowStream, rank_row, Batch, make_batch, packed_row, FeatureProducer)
 from .checkpoint import (CheckpointError, RUN_FILE, RunLock, check_on_rank0, check_run_dir,
                                   checkpoints_held, clean_killed_saves, load_checkpoint, new_run_id,
                                   newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
@@ -26,7 +26,8 @@ from .shards import check_template   # refuses data made with another chat templ
 from .build import (   # chapter Build: devices, precision, the target and the drafter
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
-    drafter_autocast, precision, precision_line, pick_backend, check_sizes)
+    drafter_autocast, precision, precision_line, pick_backend, check_sizes, check_tp_devices)
+from .parallel import Layout, layout   # chapter Parallel: the DP x TP grid of a split target
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
 
 
@@ -152,6 +153,7 @@ class Run:
     log_prefix: str                   # printed before every line this run prints (the CLI's stage name)
     rank: int
     world: int                        # ranks in the process group (1 without torchrun)
+    layout: Layout                    # the world as DP x TP: this rank's TP group runs one split target
     distributed: bool
     target_device: torch.device
     drafter_device: torch.device
@@ -180,6 +182,21 @@ class Run:
     @property
     def block_size(self) -> int: return self.drafter_cfg.block_size
 
+# %% ../nbs/08h_trainer.ipynb #1a9b7cfd
+def _rank_setup(cfg: TrainConfig):
+    "This rank's place (rank, world, DP x TP layout), its device pair, and the process group it joins."
+    rank, world, local_rank = dist_env()
+    lay = layout(cfg.target.tp_size)    # world = dp x tp: a tp_size that does not divide it is one line here
+    target_device, drafter_device = rank_devices(cfg.devices, local_rank)
+    check_tp_devices(cfg.target, target_device, drafter_device)
+    if drafter_device.type == "cuda":   # the drafter's stream is this thread's current stream
+        torch.cuda.set_device(drafter_device)
+    distributed = init_distributed(drafter_device, cfg.collective_timeout_s)
+    if cfg.global_batch % world:
+        raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
+    return rank, world, lay, target_device, drafter_device, distributed
+
+
 # %% ../nbs/08h_trainer.ipynb #3291309a
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
@@ -188,13 +205,7 @@ def build_run(cfg: TrainConfig,
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
-    rank, world, local_rank = dist_env()
-    target_device, drafter_device = rank_devices(cfg.devices, local_rank)
-    if drafter_device.type == "cuda":   # the drafter's stream is this thread's current stream
-        torch.cuda.set_device(drafter_device)
-    distributed = init_distributed(drafter_device)
-    if cfg.global_batch % world:
-        raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
+    rank, world, lay, target_device, drafter_device, distributed = _rank_setup(cfg)
     # ---- data first: bad data is refused before the run dir is touched (nothing written) ---------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
     tokenizer, samples, stream, data_id = _run_data(cfg)
@@ -210,7 +221,7 @@ def build_run(cfg: TrainConfig,
     if rank == 0 and cfg.report_to: log.tracker = Trackers(cfg.report_to, run_dir, config=to_dict(cfg))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
     check_sizes(cfg, target_device, drafter_device, target)   # sizes that cannot fit: one line, before allocating
-    if target is None: target = build_target(cfg.target, target_device)
+    if target is None: target = build_target(cfg.target, target_device, run_dir, cfg.collective_timeout_s)
     else: target = target.to(target_device).eval().requires_grad_(False)
     check_drafter_memory(cfg, target, drafter_device)   # sizes that cannot fit: one line, before any drafter tensor
     check_token_ids(samples, cfg.data_dir, target)
@@ -235,7 +246,7 @@ def build_run(cfg: TrainConfig,
     dtype = torch.bfloat16 if drafter_device.type == "cuda" else torch.float32
     backend, why = pick_backend(cfg.backend, drafter_device, dtype, drafter_cfg, cfg.max_tokens, cfg.max_anchors,
                                 run_dir=run_dir if rank == 0 else None)
-    return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, distributed=distributed,
+    return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, layout=lay, distributed=distributed,
                target_device=target_device, drafter_device=drafter_device, accum=cfg.global_batch // world,
                run_dir=run_dir, ckpt_root=ckpt_root, log=log, tokenizer=tokenizer, samples=samples, stream=stream,
                data_id=data_id, target=target, drafter_cfg=drafter_cfg, features=features, drafter=drafter, model=model,
@@ -402,9 +413,18 @@ def make_producer(run: Run, start: int) -> FeatureProducer:
     cfg = run.cfg
     def batch_at(step, micro):
         row = rank_row(step, micro, cfg.global_batch, run.rank, run.world)
-        return make_batch(run.samples, run.stream, row, step, micro, max_tokens=cfg.max_tokens,
-                          block_size=run.block_size, max_anchors=cfg.max_anchors,
-                          mask_token_id=run.drafter_cfg.mask_token_id, seed=cfg.seed)
+        b = make_batch(run.samples, run.stream, row, step, micro, max_tokens=cfg.max_tokens,
+                       block_size=run.block_size, max_anchors=cfg.max_anchors,
+                       mask_token_id=run.drafter_cfg.mask_token_id, seed=cfg.seed)
+        if run.layout.tp > 1:   # a split target: the group runs every member's row (known here), each keeps its own
+            b.group_rows = [(b.input_ids, b.doc_ids) if r == run.rank else ids_of(step, micro, r)
+                            for r in run.layout.group_ranks]
+            b.group_index = run.layout.tp_rank
+        return b
+    def ids_of(step, micro, rank):   # another member's row: the target needs only its tokens and documents
+        row = rank_row(step, micro, cfg.global_batch, rank, run.world)
+        p = packed_row(run.samples, run.stream, row, cfg.max_tokens)
+        return p["input_ids"], p["doc_ids"]
     feats = distill_features(run.features) if cfg.loss.distill_weight > 0 else run.features
     return FeatureProducer(batch_at, feats, start, cfg.steps, run.accum, run.target_device, run.drafter_device,
                            cfg.queue_depth, threaded=cfg.pipeline)
@@ -520,14 +540,18 @@ class Preemption:
         if self.old_handler is not None: signal.signal(signal.SIGTERM, self.old_handler)
 
 # %% ../nbs/08h_trainer.ipynb #4766c505
+def _grid(lay: Layout) -> str:
+    "' = dp 2 x tp 2' for a split target, '' otherwise."
+    return f" = dp {lay.dp} x tp {lay.tp} (each target split over {lay.tp} ranks)" if lay.tp > 1 else ""
+
 def _announce(run: Run, start: int):
     cfg = run.cfg
     if run.rank == 0:
         _record_backend(run)
         run.log.print(f"{run.log_prefix}training {sum(p.numel() for p in run.params) / 1e6:.2f}M drafter parameters "
                       f"for {cfg.steps} steps "
-                      f"(from step {start}) | ranks {run.world} × (target {run.target_device} → drafter "
-                      f"{run.drafter_device}) | global batch {cfg.global_batch} rows "
+                      f"(from step {start}) | ranks {run.world}{_grid(run.layout)} × (target {run.target_device} → "
+                      f"drafter {run.drafter_device}) | global batch {cfg.global_batch} rows "
                       f"of {cfg.max_tokens} tokens | attention {run.backend} ({run.backend_why}) | "
                       f"{precision_line(precision(cfg, run.target, run.drafter_device))} | run dir {run.run_dir}")
 
@@ -579,6 +603,7 @@ def _summary(run: Run, ckpt: Checkpointer, metrics: Metrics, history: list, star
     summary = {"steps": steps, "started_at": start, "stopped": stopped, "wall_s": total,
                "final": history[-1] if history else {}, "checkpoint": str(ckpt.last) if ckpt.last else None,
                "nonfinite_total": int(metrics.nonfinite_total.item()), "backend": run.backend, "world_size": run.world,
+               "tp_size": run.layout.tp,
                "precision": precision(run.cfg, run.target, run.drafter_device),
                **ckpt.s3_summary(), "run_dir": str(run.run_dir), "cost": cost}
     if run.rank == 0:
@@ -613,7 +638,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     try:
         run.model.train()
         for step in range(start, cfg.steps):
-            if cfg.fault.sigkill_at_step == step: os.kill(os.getpid(), signal.SIGKILL)
+            cfg.fault.at_step(step, run.rank)     # fault injection (tests): SIGKILL or SIGSTOP at this step
             train_step(run, producer, metrics, drafter_clock, step)
             done = step + 1
             run.log.advance()
