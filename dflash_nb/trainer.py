@@ -27,7 +27,7 @@ from .build import (   # chapter Build: devices, precision, the target and the d
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
     drafter_autocast, precision, precision_line, pick_backend, check_sizes, check_tp_devices)
-from .parallel import Layout, layout   # chapter Parallel: the DP x TP grid of a split target
+from .parallel import Layout, layout, held_bytes   # chapter Parallel: the DP x TP grid of a split target
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
 
 
@@ -491,6 +491,12 @@ def _report_cost(run: Run, rec: dict, done: int) -> dict:
     step_s = run.log.step_s() or rec["wall_s"] / max(rec["steps"], 1)   # the interval itself while still warming up
     c = projected_cost(rec, step_s, cfg.steps, done, len(run.stream.epoch_rows(0)), cfg.global_batch, cfg.max_anchors)
     run.log.print(run.log_prefix + format_cost(c).replace("\n", "\n" + run.log_prefix))
+    held = held_bytes(run.target)    # this rank's share of the target: what a split target saves per device
+    c["target"] = {"tp_size": run.layout.tp, "dp": run.layout.dp, "split_gb_per_rank": held["split"] / 1e9,
+                   "whole_gb_per_rank": held["whole"] / 1e9}
+    if run.layout.tp > 1:
+        run.log.print(f"{run.log_prefix}target per rank: {held['split'] / 1e9:.3g} GB of split weights "
+                      f"(1/{run.layout.tp}) + {held['whole'] / 1e9:.3g} GB held whole")
     return c
 
 # %% ../nbs/08h_trainer.ipynb #f3a74b62
