@@ -33,8 +33,10 @@ def drafted_tokens(drafter_dir) -> int:
 # %% ../nbs/01f_vllm_worker.ipynb #6f557d36
 def llm_kwargs(req: dict) -> dict:
     "The keyword arguments of `vllm.LLM` for a `load` request."
+    tp = int(req.get("tensor_parallel_size") or 1)   # ranks the target is split over: one process each when > 1
     kw = {"model": str(req["target_dir"]), "dtype": req.get("dtype") or "float32", "seed": int(req.get("seed") or 0),
-          "enforce_eager": True, "disable_log_stats": False, "distributed_executor_backend": "uni"}
+          "enforce_eager": True, "disable_log_stats": False, "tensor_parallel_size": tp,
+          "distributed_executor_backend": "uni" if tp == 1 else "mp"}
     if req.get("max_model_len"): kw["max_model_len"] = int(req["max_model_len"])
     if req.get("drafter_dir"):
         n = req.get("num_speculative_tokens") or drafted_tokens(req["drafter_dir"])
