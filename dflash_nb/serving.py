@@ -198,10 +198,9 @@ def _stop(proc, wait: float):
     except (BrokenPipeError, OSError): pass
     try: proc.wait(timeout=wait)
     except subprocess.TimeoutExpired: pass
-    from dflash_nb.vllm_worker import group_members
+    from dflash_nb.vllm_worker import group_members, kill_group
     if proc.poll() is None or group_members(proc.pid):   # the worker still runs, or left processes behind
-        try: os.killpg(proc.pid, signal.SIGKILL)        # the group: the worker and everything it started
-        except (ProcessLookupError, PermissionError): pass
+        kill_group(proc.pid)                            # the group: the worker and everything it started
     proc.wait()
 
 @patch
