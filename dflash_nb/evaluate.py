@@ -394,6 +394,14 @@ def _parser():
         metavar="SECONDS",
         help="--engine vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)",
     )
+    ap.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="--engine vllm: vLLM's engines split the target over N GPUs, its tensor_parallel_size (default 1); "
+        "dflash_nb's own τ still loads it whole in this process, the sweep alone does not",
+    )
     return ap
 
 # %% ../nbs/09b_evaluate.ipynb #c65179d2
@@ -414,6 +422,7 @@ def main(argv=None) -> dict:
         ("top_k", 0),
         ("worker_timeout", 1),
         ("load_timeout", 1),
+        ("tensor_parallel_size", 1),
     ):
         if (v := getattr(args, flag)) is not None and v < low:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be >= {low}, got {v}")
@@ -427,6 +436,9 @@ def main(argv=None) -> dict:
         raise ConfigError(str(e)) from e
     if args.engine != "vllm" and (args.num_speculative_tokens or args.batch_size):
         raise ConfigError("--num-speculative-tokens / --batch-size: the sweep is served by vLLM: add --engine vllm")
+    if args.engine != "vllm" and (n := args.tensor_parallel_size) > 1:
+        raise ConfigError(
+            f"--tensor-parallel-size {n}: --engine dflash_nb runs the HF target in one process; add --engine vllm")
     if args.engine == "vllm": check_vllm_args(args)
     if args.engine == "vllm" and (args.num_speculative_tokens or args.batch_size):
         res = _main_sweep(args, convs, kwargs)   # vLLM's figures only: no target loaded here, no loop of ours
@@ -524,14 +536,14 @@ def serve_prompt_sets(
     top_p: float = 1.0, top_k: int = 0,
     num_speculative_tokens: int | None = None,  # None: the export's block size - 1
     dtype: str = "float32",
-    **timeouts,                      # VLLMEngine's timeout=, load_timeout= (seconds)
+    **engine,                        # VLLMEngine's timeout=, load_timeout= (seconds), tensor_parallel_size=
 ) -> dict:
     "{set: {T: vLLM's τ, accepted per position, output tokens/s with and without the drafter}}, served by vLLM."
     from dflash_nb.serving import spec_delta
     firsts = {n: [torch.as_tensor(p).tolist() for p in _first_turns(ps)] for n, ps in prompt_sets.items()}
     longest = max(len(p) for ps in firsts.values() for p in ps)
     plain, spec = _start_engines(target_dir, drafter_dir, num_speculative_tokens, dtype=dtype,
-                                 max_model_len=longest + max_new_tokens + 16, **timeouts)
+                                 max_model_len=longest + max_new_tokens + 16, **engine)
     try:
         out = {}
         for name, ps in firsts.items():
@@ -551,18 +563,20 @@ def _add_served(args, sets, rendered, B, stop, n_new):
     "`--engine vllm`: vLLM's figures into every cell of `sets`, and its two tables printed."
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     served = serve_prompt_sets(args.target, args.drafter, rendered, args.temperature, n_new, stop, args.top_p,
-                               args.top_k, B - 1 if args.block_size else None, dtype, **_timeouts(args))
+                               args.top_k, B - 1 if args.block_size else None, dtype, **_vllm_args(args))
     for name, s in sets.items():
         for T, r in s.items():
-            r.update(vllm=served[name][T], vllm_tau=served[name][T]["tau"], vllm_speedup=served[name][T]["speedup"])
+            v = dict(served[name][T], tensor_parallel_size=args.tensor_parallel_size)    # the speed-up depends on it
+            r.update(vllm=v, vllm_tau=v["tau"], vllm_speedup=v["speedup"])
     print("vLLM, the same prompts (first turns) as token ids: τ from its counters")
     print(format_tau_table(sets, args.temperature, "vllm_tau", "vLLM τ"))
     print("vLLM output tokens/s with the drafter / without it")
     print(format_tau_table(sets, args.temperature, "vllm_speedup", "speed-up", ".2f"))
 
-def _timeouts(args) -> dict:
-    "The vLLM worker's timeouts the command line set (none: DFLASH_WORKER_TIMEOUT, else 3600 s)."
-    return dict(timeout=args.worker_timeout, load_timeout=args.load_timeout)
+def _vllm_args(args) -> dict:
+    "What the command line sets of every vLLM engine: the worker's timeouts, the tensor-parallel size."
+    return dict(timeout=args.worker_timeout, load_timeout=args.load_timeout,
+                tensor_parallel_size=args.tensor_parallel_size)
 
 # %% ../nbs/09b_evaluate.ipynb #b25dcb22
 def _generate_batched(engine, prompts: list, batch: int, max_new_tokens: int, **gen) -> dict:
@@ -624,13 +638,13 @@ def serve_sweep(
     max_new_tokens: int = 64,
     stop_token_ids=(),
     dtype: str = "float32",
-    **timeouts,                # VLLMEngine's timeout=, load_timeout= (seconds)
+    **engine,                  # VLLMEngine's timeout=, load_timeout= (seconds), tensor_parallel_size=
 ) -> dict:
     "Every (k, batch) cell served by vLLM, greedy: acceptance length, output tokens/s without and with the drafter."
     import signal
     from dflash_nb.serving import VLLMEngine, spec_delta
     ps = [torch.as_tensor(p).tolist() for p in _first_turns(prompts)]
-    kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16, **timeouts)
+    kw = dict(dtype=dtype, max_model_len=max(map(len, ps)) + max_new_tokens + 16, **engine)
     gen = dict(temperature=0.0, stop_token_ids=list(stop_token_ids))
     engines, cells, prev = [], [], _kill_workers_on_sigterm()
     try:
@@ -668,12 +682,13 @@ def _add_sweep(args, rendered, stop, n_new) -> dict:
     dtype = args.dtype or ("bfloat16" if torch.cuda.is_available() else "float32")
     name, prompts = next(iter(rendered.items()))
     print(f"vLLM sweep on {name} ({len(prompts)} prompts, greedy, {n_new} new tokens, {dtype}): k {ks} × batch {bs}")
-    sweep = serve_sweep(args.target, args.drafter, prompts, ks, bs, n_new, stop, dtype, **_timeouts(args))
+    sweep = serve_sweep(args.target, args.drafter, prompts, ks, bs, n_new, stop, dtype, **_vllm_args(args))
     print(format_sweep(sweep["cells"]))
-    b = sweep["best"]
+    b, n = sweep["best"], args.tensor_parallel_size
+    tp = f" --tensor-parallel-size {n}" if n > 1 else ""           # carried into the `vllm serve` line it prints
     print(f"best at batch {b['batch']}: k = {b['k']} ({b['speedup']:.2f}x, τ {b['tau']:.3f}); "
-          f"dflash-export --num-speculative-tokens {b['k']} writes it into the export")
-    return {"prompt_file": name, **sweep}
+          f"dflash-export --num-speculative-tokens {b['k']}{tp} writes it into the export")
+    return {"prompt_file": name, "tensor_parallel_size": n, **sweep}
 
 def _main_sweep(args, convs, kwargs) -> dict:
     "The sweep alone: the first prompt file rendered with the target's tokenizer, its stop ids, served by vLLM."

@@ -334,12 +334,14 @@ def write_num_speculative_tokens(export_dir, k: int):
     tmp.write_text(json.dumps(cfg, indent=2) + "\n")
     tmp.replace(p)
 
-def vllm_serve_line(export_dir, target: str = "<target>") -> str:
+def vllm_serve_line(export_dir, target: str = "<target>",
+                    tensor_parallel_size: int = 1) -> str:   # GPUs the target is split over (named when > 1)
     "The `vllm serve` command for an export: its recorded k, else block − 1."
     cfg = json.loads((Path(export_dir) / "config.json").read_text())
     k = cfg["dflash_config"].get("num_speculative_tokens") or cfg["block_size"] - 1
     spec = json.dumps({"method": "dflash", "model": str(export_dir), "num_speculative_tokens": k})
-    return f"vllm serve {target} --speculative-config '{spec}'"
+    tp = f" --tensor-parallel-size {int(tensor_parallel_size)}" if tensor_parallel_size > 1 else ""
+    return f"vllm serve {target} --speculative-config '{spec}'{tp}"
 
 # %% ../nbs/10_export.ipynb #ed7ff82b
 def main(argv=None):
@@ -378,7 +380,11 @@ def main(argv=None):
         help="the k to serve with (1..block − 1, e.g. the best k of `dflash-eval --engine vllm "
         "--num-speculative-tokens ...`): written into config.json and the printed `vllm serve` line",
     )
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                    help="GPUs the target is split over when served: vLLM's --tensor-parallel-size N in the printed "
+                    "`vllm serve` line when N > 1 (default 1); nothing of it is written")
     a = ap.parse_args(argv)
+    if a.tensor_parallel_size < 1: raise ExpectedError(f"--tensor-parallel-size {a.tensor_parallel_size}: must be >= 1")
     try:
         if a.num_speculative_tokens is not None:
             check_num_speculative_tokens(a.num_speculative_tokens, a.checkpoint)
@@ -394,7 +400,7 @@ def main(argv=None):
         f"target layers {cfg['dflash_config']['target_layer_ids']}, "
         f"mask token {cfg['dflash_config']['mask_token_id']}, {cfg.get('dtype')})"
     )
-    print(f"serve with: {vllm_serve_line(out)}")
+    print(f"serve with: {vllm_serve_line(out, tensor_parallel_size=a.tensor_parallel_size)}")
     return out
 
 

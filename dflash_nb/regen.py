@@ -21,7 +21,8 @@ __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionChec
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
            'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
            'totals', 'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
-           'auto_dtype', 'open_engine', 'main', 'cli', 'serving_errors', 'run_settings', 'summary']
+           'auto_dtype', 'open_engine', 'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'run_settings',
+           'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -290,7 +291,8 @@ def regenerate_shards(engine, check: CompletionCheck, convs, out_dir, man: dict,
                       sampling: Sampling = Sampling(), verify=None, seed: int = 0,
                       max_shards: Optional[int] = None,   # stop after this many new shards (None: all)
                       context: Optional[int] = None,      # the target's context: longer prompt + answer is skipped
-                      where=None) -> dict:   # per prompt, where it was read (FILE:LINE): a list or a PromptSpool.where
+                      where=None,     # per prompt, where it was read (FILE:LINE): a list or a PromptSpool.where
+                      tensor_parallel_size: int = 1) -> dict:   # the engine's: recorded with each new shard when > 1
     "Complete `convs` (a list, or a PromptSpool) into the shards of `out_dir` that `man` does not list yet; the totals."
     out_dir, size, todo = Path(out_dir), man["shard_size"], pending_shards(man, out_dir)
     in_shard = lambda i: min(size, len(convs) - i * size)   # counted, not read: a PromptSpool is read a shard at a time
@@ -312,6 +314,7 @@ def regenerate_shards(engine, check: CompletionCheck, convs, out_dir, man: dict,
             long = [places[j] if places else f"prompt {i * size + j + 1}" for j in long]
             man["shards"][str(i)] = dict(st, prompts=len(part), too_long=len(long), seconds=round(secs, 3),
                                          sha256=hashlib.sha256(text.encode()).hexdigest(), **_examples(long))
+            if tensor_parallel_size > 1: man["shards"][str(i)]["tensor_parallel_size"] = tensor_parallel_size
             atomic_write_text(out_dir / MANIFEST, json.dumps(man, indent=1))
             bar.update(len(part), kept=f"{st['kept']:,}/{st['generated']:,} tokens")
     return totals(man)
@@ -354,6 +357,7 @@ def totals(man: dict) -> dict:
     out = dict(shards=len(own_shards(man)), done=len(man["shards"]))
     for st in man["shards"].values():
         for k, v in st.items():
+            if k == "tensor_parallel_size": continue            # how a shard was written, not a count
             if isinstance(v, (int, float)): out[k] = out.get(k, 0) + v
             elif k == "too_long_at": out[k] = (out.get(k) or []) + v
     return out
@@ -563,6 +567,13 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
         target = load_target(target_dir, dtype=auto_dtype(dtype, device), device=device)
     yield HFEngine(target, pad_token_id, batch_size), target
 
+# %% ../nbs/01h_regen.ipynb #8c41d0a1
+def tensor_parallel_note(man: dict, n: int) -> str | None:
+    "A note when finished shards of `man` were written at another tensor-parallel size than `n` (None: all at `n`)."
+    sizes = sorted({st.get("tensor_parallel_size", 1) for st in man["shards"].values()})
+    if not set(sizes) - {n}: return None
+    return f"note: shards done here were written at --tensor-parallel-size {'/'.join(map(str, sizes))}; this run: {n}"
+
 # %% ../nbs/01h_regen.ipynb #b51534dd
 def main(argv=None) -> int:
     "`dflash-regen ...` (`python -m dflash_nb.regen`): an expected failure is one line and exit 2 (`--debug`: stack)."
@@ -613,6 +624,8 @@ def _parser():
            "(default: DFLASH_WORKER_TIMEOUT, else 3600)")
     a("--load-timeout", type=float, default=None, metavar="SECONDS",
       help="vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)")
+    a("--tensor-parallel-size", type=int, default=1, metavar="N",
+      help="vllm: split the target over N GPUs, vLLM's tensor_parallel_size (default 1; hf runs it in one process)")
     a("--shard-index", type=int, default=0, help="this machine's shards: those j with j %% n == i (default 0)")
     a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
     a("--merge", nargs="+", metavar="DIR", default=None,
@@ -646,9 +659,16 @@ def _data_config(a) -> DataConfig:
 # %% ../nbs/01h_regen.ipynb #2212c8c2
 def _positive(a):
     for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
-                 "max_shards", "worker_timeout", "load_timeout", "num_shards"):
+                 "max_shards", "worker_timeout", "load_timeout", "num_shards", "tensor_parallel_size"):
         v = getattr(a, flag)
         if v is not None and v < 1: raise ConfigError(f"--{flag.replace('_', '-')} {v}: must be >= 1")
+
+# %% ../nbs/01h_regen.ipynb #3d1a7e21
+def _one_process(a):
+    "Refuse `--tensor-parallel-size` above 1 with `--engine hf`: it runs the target in this one process."
+    if a.engine == "hf" and (n := a.tensor_parallel_size) > 1:
+        raise ConfigError(
+            f"--tensor-parallel-size {n}: the HF engine runs the target in one process; use --engine vllm")
 
 # %% ../nbs/01h_regen.ipynb #4d1f4ad0
 def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sampling) -> dict:
@@ -672,6 +692,7 @@ def _main(argv: list) -> int:
         r = merge_parts(a.merge, a.out)
         print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
         return 0
+    _one_process(a)                              # merging runs no engine: any size is fine there
     if a.target is None or not a.prompts: raise ConfigError("the following arguments are required: --target, --prompts")
     if not 0 <= a.shard_index < a.num_shards:
         raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} "
@@ -695,20 +716,22 @@ def _main(argv: list) -> int:
                             (a.shard_index, a.num_shards))
         for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
                                                    "edited since): writing it again", flush=True)
+        if note := tensor_parallel_note(man, a.tensor_parallel_size): print(note, flush=True)
         print(f"{len(prompts):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in prompts.counts.items())}); "
               f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
         if prompts.repeats: print(f"  {prompts.repeats:,} duplicated prompts dropped (the first kept), e.g. "
                                   f"{prompts.repeated[0][0]} repeats {prompts.repeated[0][1]}", flush=True)
         if a.threads: torch.set_num_threads(a.threads)
         extra = {"tokenizer": str(a.tokenizer)} if a.tokenizer and a.engine == "vllm" else {}
-        if a.engine == "vllm": extra.update(timeout=a.worker_timeout, load_timeout=a.load_timeout)
+        if a.engine == "vllm": extra.update(timeout=a.worker_timeout, load_timeout=a.load_timeout,
+                                            tensor_parallel_size=a.tensor_parallel_size)
         t0, r = time.perf_counter(), totals(man)
         if pending_shards(man, out):               # all done: nothing to start
             try:
                 with open_engine(a.engine, target, check.pad, a.dtype, a.device, a.batch_size, a.seed,
                                  **extra) as (e, v):
                     r = regenerate_shards(e, check, prompts, out, man, a.max_new_tokens, sampling, v, a.seed,
-                                          a.max_shards, context_length(target), prompts.where)
+                                          a.max_shards, context_length(target), prompts.where, a.tensor_parallel_size)
             except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from
                 raise type(err)(f"{err}; {_last_written(man, out)}") from None
     print(summary(r, time.perf_counter() - t0, out), flush=True)

@@ -72,6 +72,7 @@ class VLLMEngine:
     "One vLLM engine in a worker process of the serving environment; a context manager."
     def __init__(self, target_dir, drafter_dir=None, num_speculative_tokens=None, dtype="float32", seed=0,
                  max_model_len=None,
+                 tensor_parallel_size: int = 1,      # GPUs the target is split over (vLLM's tensor parallelism)
                  timeout: float | None = None,       # seconds a request after the load may wait for its answer
                  load_timeout: float | None = None,  # seconds the load may take (None, both: the default above)
                  **engine_kwargs):
@@ -86,7 +87,8 @@ class VLLMEngine:
             raise
         req = {"op": "load", "target_dir": str(target_dir), "drafter_dir": drafter_dir and str(drafter_dir),
                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "seed": seed,
-               "max_model_len": max_model_len, "engine_kwargs": engine_kwargs}
+               "max_model_len": max_model_len, "tensor_parallel_size": int(tensor_parallel_size),
+               "engine_kwargs": engine_kwargs}
         try: self.load_seconds = self._call(req, self.load_timeout)["seconds"]
         except BaseException:
             self.close()
@@ -196,10 +198,9 @@ def _stop(proc, wait: float):
     except (BrokenPipeError, OSError): pass
     try: proc.wait(timeout=wait)
     except subprocess.TimeoutExpired: pass
-    from dflash_nb.vllm_worker import group_members
+    from dflash_nb.vllm_worker import group_members, kill_group
     if proc.poll() is None or group_members(proc.pid):   # the worker still runs, or left processes behind
-        try: os.killpg(proc.pid, signal.SIGKILL)        # the group: the worker and everything it started
-        except (ProcessLookupError, PermissionError): pass
+        kill_group(proc.pid)                            # the group: the worker and everything it started
     proc.wait()
 
 @patch

@@ -10,7 +10,8 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line', 'drafted_tokens',
            'llm_kwargs', 'with_cpu_defaults', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members',
-           'shm_files', 'end_group', 'watch_parent', 'main']
+           'shm_files', 'end_group', 'watch_parent', 'resource_tracker', 'let_tracker_clean', 'is_tracker',
+           'kill_group', 'main']
 
 # %% ../nbs/01f_vllm_worker.ipynb #5cd24dd6
 def one_line(e: BaseException) -> str:
@@ -33,8 +34,10 @@ def drafted_tokens(drafter_dir) -> int:
 # %% ../nbs/01f_vllm_worker.ipynb #6f557d36
 def llm_kwargs(req: dict) -> dict:
     "The keyword arguments of `vllm.LLM` for a `load` request."
+    tp = int(req.get("tensor_parallel_size") or 1)   # ranks the target is split over: one process each when > 1
     kw = {"model": str(req["target_dir"]), "dtype": req.get("dtype") or "float32", "seed": int(req.get("seed") or 0),
-          "enforce_eager": True, "disable_log_stats": False, "distributed_executor_backend": "uni"}
+          "enforce_eager": True, "disable_log_stats": False, "tensor_parallel_size": tp,
+          "distributed_executor_backend": "uni" if tp == 1 else "mp"}
     if req.get("max_model_len"): kw["max_model_len"] = int(req["max_model_len"])
     if req.get("drafter_dir"):
         n = req.get("num_speculative_tokens") or drafted_tokens(req["drafter_dir"])
@@ -172,13 +175,17 @@ def end_group(tmp=None, rc: int = 3):
     _ending.acquire()                                         # a second caller waits here until the first exits
     me = os.getpid()
     if os.getpgrp() == me:                                    # a group of our own: everything in it is ours
-        shm = shm_files([me])
+        shm, spare = shm_files([me]), resource_tracker()
         for _ in range(50):
             pids = group_members(me)
             if not pids: break
             shm |= shm_files(pids)
             for p in pids:
-                with contextlib.suppress(ProcessLookupError): os.kill(p, signal.SIGKILL)
+                if spare is None or p != spare[0]:
+                    with contextlib.suppress(ProcessLookupError): os.kill(p, signal.SIGKILL)
+            if spare is not None:                             # the rest killed: the tracker cleans up (below)
+                let_tracker_clean(spare)
+                spare = None                                  # killed with the rest if it is still there
             time.sleep(0.02)
         for f in shm:
             with contextlib.suppress(OSError): os.unlink(f)
@@ -201,6 +208,37 @@ def watch_parent(fd: int, tmp=None) -> threading.Thread:
     t = threading.Thread(target=watch, daemon=True, name="parent-watch")
     t.start()
     return t
+
+# %% ../nbs/01f_vllm_worker.ipynb #5e0c7a11
+def resource_tracker() -> tuple[int, int] | None:
+    "(pid, pipe fd) of the `multiprocessing` resource tracker this process started; None when it started none."
+    rt = getattr(sys.modules.get("multiprocessing.resource_tracker"), "_resource_tracker", None)
+    pid, fd = getattr(rt, "_pid", None), getattr(rt, "_fd", None)
+    return (pid, fd) if pid and fd is not None else None
+
+def let_tracker_clean(tracker: tuple[int, int], wait: float = 2.0):
+    "Close our end of the tracker's pipe so it removes what it tracks, and wait up to `wait` s for it to exit."
+    rt = sys.modules["multiprocessing.resource_tracker"]._resource_tracker
+    rt._lock.acquire(timeout=1)               # no thread of ours starts another (held until this process exits)
+    rt._fd, (pid, fd) = None, tracker
+    with contextlib.suppress(OSError): os.close(fd)
+    t0 = time.time()
+    while pid in group_members(os.getpgrp()) and time.time() - t0 < wait: time.sleep(0.02)
+
+# %% ../nbs/01f_vllm_worker.ipynb #5e0c7a14
+def is_tracker(pid: int) -> bool:
+    "Whether process `pid` is a `multiprocessing` resource tracker (read from /proc)."
+    try: return b"multiprocessing.resource_tracker" in open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError: return False
+
+def kill_group(pgid: int, grace: float = 2.0):
+    "SIGKILL process group `pgid`, its resource trackers last: `grace` s to clean up once the others are gone."
+    trackers = {p for p in group_members(pgid) if is_tracker(p)}
+    for p in set(group_members(pgid)) - trackers:
+        with contextlib.suppress(ProcessLookupError): os.kill(p, signal.SIGKILL)
+    t0 = time.time()
+    while trackers & set(group_members(pgid)) and time.time() - t0 < grace: time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(pgid, signal.SIGKILL)
 
 # %% ../nbs/01f_vllm_worker.ipynb #620c1082
 def main() -> int:

@@ -168,9 +168,13 @@ def test_checkpoint_cli(tmp_path):
     drafter, dcfg = summary["drafter"], summary["drafter_config"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-m", "dflash_nb.export", "--checkpoint", str(tmp_path / "run"), "--out",
-                        str(tmp_path / "export")], capture_output=True, text=True, env=env, timeout=300)
+                        str(tmp_path / "export"), "--tensor-parallel-size", "4"], capture_output=True, text=True, env=env,
+                       timeout=300)
     assert r.returncode == 0, r.stderr
     assert "exported" in r.stdout
+    serve = r.stdout.splitlines()[-1]                            # the target split over 4 GPUs when served
+    assert serve.startswith("serve with: vllm serve <target> --speculative-config '{") and serve.endswith(
+        "}' --tensor-parallel-size 4"), serve
     out = tmp_path / "export"
     assert read_exported_config(out) == dcfg
     c = json.loads((out / "config.json").read_text())

@@ -172,6 +172,31 @@ def test_bad_input_is_one_line_and_exit_2(small, served, tmp_path, monkeypatch):
     assert not (tmp_path / "o3").exists()
 
 
+def test_tensor_parallel_size_is_checked_before_anything(tmp_path):
+    "--tensor-parallel-size 0, -1, x, nan, or above 1 with the HF engine: one line, exit 2, nothing read or written."
+    for bad, said in (("0", "--tensor-parallel-size 0: must be >= 1"), ("-1", "--tensor-parallel-size -1: must be >= 1"),
+                      ("x", "argument --tensor-parallel-size: invalid int value: 'x'"),
+                      ("nan", "argument --tensor-parallel-size: invalid int value: 'nan'"),
+                      ("2", "--tensor-parallel-size 2: the HF engine runs the target in one process; use --engine vllm")):
+        rc, _, err = run_main("--target", tmp_path / "none", "--prompts", tmp_path / "none.jsonl", "--out",
+                              tmp_path / "o", "--tensor-parallel-size", bad)
+        usage = " (see --help)" if bad in ("x", "nan") else ""         # argparse's refusals say where the usage is
+        assert (rc, err) == (2, f"python -m dflash_nb.regen: error: {said}{usage}\n"), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_tensor_parallel_size_reaches_vllm(served, tmp_path):
+    """`--engine vllm --tensor-parallel-size 4` hands vLLM tensor_parallel_size=4: the served target's 2 attention heads
+    cannot be split 4 ways, and vLLM's own refusal is the one line (exit 2, ~20 s here), with where a rerun resumes.
+    A size vLLM accepts (2) loads and serves in ~90 s on this CPU and writes the bytes size 1 writes (chapter
+    01h_regen): measured once, not repeated here."""
+    rc, _, err = run_main(*regen_args(served, tmp_path / "o", "--engine", "vllm", "--tensor-parallel-size", "4"))
+    lines = [l for l in err.splitlines() if not l.startswith("starting vLLM on")]   # the stage line, then one
+    assert rc == 2 and lines == ["python -m dflash_nb.regen: error: ValidationError: Total number of attention heads (2) "
+                                 "must be divisible by tensor parallel size (4).; no shard written yet (0 of 3 done in "
+                                 f"{tmp_path / 'o'}); rerun to resume"], err
+
+
 def test_prompts_from_s3_are_the_local_prompts(small, s3_server, tmp_path):
     """An s3:// prefix (listed as dflash-data lists its inputs) gives the shards of the same file read locally; a
     prompt is named by its object's URI (a second object repeats the first prompt: dropped, named)."""

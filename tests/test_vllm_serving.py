@@ -266,6 +266,29 @@ def test_a_load_past_load_timeout_is_one_line_and_leaves_nothing(served):
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_tensor_parallel_size_reaches_vllm(tmp_path):
+    """`dflash-eval --engine vllm --tensor-parallel-size 4` hands vLLM tensor_parallel_size=4 (the sweep: no target,
+    no trained drafter loaded here): the served target's 2 attention heads cannot be split 4 ways, and vLLM's own
+    refusal is the one line, exit 2, nothing left in the worker's TMPDIR (~20 s here). A size vLLM accepts (2) takes
+    ~90 s to load and serve on this CPU, so that run is described in chapter 01h_regen, not repeated here."""
+    target = write_served_target(tmp_path / "target")
+    export = tmp_path / "export"                               # what the sweep reads of an export before vLLM loads
+    export.mkdir()
+    (export / "config.json").write_text(json.dumps({"block_size": B, "dflash_config": {"block_size": B}}))
+    tmp = Path(tempfile.mkdtemp(prefix="ev-", dir="/tmp"))
+    try:
+        r = subprocess.run([str(Path(sys.executable).with_name("dflash-eval")), "--engine", "vllm", "--drafter",
+                            str(export), "--target", str(target), "--prompts", str(prompt_file(tmp_path / "p.jsonl")),
+                            "--max-new-tokens", "4", "--num-speculative-tokens", "1", "--batch-size", "1",
+                            "--tensor-parallel-size", "4"], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "TMPDIR": str(tmp)})
+        assert r.returncode == 2 and r.stderr.splitlines()[-1] == (
+            "dflash-eval: error: ValidationError: Total number of attention heads (2) must be divisible by tensor "
+            "parallel size (4)."), r.stderr[-2000:]
+        assert os.listdir(tmp) == [] and workers_of(os.getpid()) == [], os.listdir(tmp)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
+
+
 def signal_the_sweep(served, tmp, sig):
     "Start `dflash-eval --engine vllm` under TMPDIR `tmp`, send it `sig` while vLLM loads, check nothing is left."
     from dflash_nb.vllm_worker import group_members
