@@ -251,3 +251,24 @@ def test_packed_check_catches_a_leaking_document():
     bad = packed_vs_per_document(lambda ids, docs: leaky, per_doc, row, [5, 3, 6])
     assert good["ok"] and good["max_rel_err"] < 1e-3 and good["documents"] == 3
     assert not bad["ok"] and bad["max_rel_err_first_4_tokens_of_later_documents"] == bad["max_rel_err"] > 0.1
+
+
+def test_target_tp_results_add_up():
+    "bench/results/target_tp.json: the measured halving, and the projection's table equal to its own parts."
+    d = load(REPO / "bench" / "results" / "target_tp.json")
+    assert "/work/" not in json.dumps(d) and "/tmp/" not in json.dumps(d)
+    for arch in ("qwen3", "qwen3_5"):
+        m = d["measured"][arch]
+        assert m["params_ratio_tp2_over_tp1"] == pytest.approx(0.5, abs=0.01) and m["features_max_rel_err"] < 1e-4
+        assert m["kinds_tp2"]["norms"]["split_share"] == 0 and m["kinds_tp2"]["mlp"]["split_share"] == 1
+    pr = d["projection"]
+    assert pr["projected"] is True and pr["card_gb"] == 80 and pr["gpus"] == 8
+    for name, m in pr["models"].items():
+        for r in m["rows"]:
+            parts = r["target_gb"] + r["drafter_gb"] + r["embed_head_copies_gb"] + r["activations_gb"]
+            assert r["total_gb"] == pytest.approx(parts) and r["fits"] == (r["total_gb"] <= 80)
+            assert r["dp"] * r["tp"] == 8 and (r["embed_head_copies_gb"] > 0) == (r["tp"] > 1)
+        fit = [r["tp"] for r in m["rows"] if r["fits"] and r["heads_divide"]]
+        assert m["smallest_tp_that_fits"] == (fit[0] if fit else None)
+    q = pr["models"]["Qwen3.6-27B"]
+    assert q["heads"] == {"q": 24, "kv": 4, "tp_max_by_heads": 4} and q["layers_run"] == 62
