@@ -94,6 +94,7 @@ def trainer_run(cfg, drafter, drafter_cfg, features, dev, backend: str, backend_
     import torch
     from dflash_nb import trainer
     from dflash_nb.build import drafter_lm_head_weight
+    from dflash_nb.parallel import Layout
     from dflash_nb.train_config import lr_factor
     params = [p for p in drafter.parameters() if p.requires_grad]
     fused, o = trainer._fused_ok(dev), cfg.optim
@@ -101,9 +102,9 @@ def trainer_run(cfg, drafter, drafter_cfg, features, dev, backend: str, backend_
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, o.warmup_frac, o.min_lr_frac))
     none = dict(run_dir=None, ckpt_root=None, log=None, tokenizer=None, samples=None, stream=None, data_id=0,
                 target=features.model, log_prefix="")
-    return trainer.Run(cfg=cfg, rank=0, world=1, distributed=False, target_device=features.device, drafter_device=dev,
-                       accum=1, drafter_cfg=drafter_cfg, features=features, drafter=drafter, model=drafter,
-                       params=params, fused=fused, optimizer=opt, scheduler=sched,
+    return trainer.Run(cfg=cfg, rank=0, world=1, layout=Layout(), distributed=False, target_device=features.device,
+                       drafter_device=dev, accum=1, drafter_cfg=drafter_cfg, features=features, drafter=drafter,
+                       model=drafter, params=params, fused=fused, optimizer=opt, scheduler=sched,
                        lm_head_w=drafter_lm_head_weight(drafter, features, dev), backend=backend,
                        backend_why=backend_why, **none)
 

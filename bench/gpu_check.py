@@ -6,7 +6,8 @@ STEP is env, parity, speed, sweep, pipeline or target (what each measures: the s
 (the junit XML of `pytest -m gpu` as JSON) or summary (the step records of the shell script merged with every step's
 JSON into gpu_check.json, and the table).
 
-The steps live in their own modules: gpu_attention.py (parity, speed, sweep), gpu_pipeline.py, gpu_target.py; FLOP
+The steps live in their own modules: gpu_attention.py (parity, speed, sweep), gpu_pipeline.py, gpu_target.py (step
+tp, on machines with >= 2 CUDA devices, is bench/target_tp.py --gpu-check, run by the shell script directly); FLOP
 accounting in gpu_flops.py, the random-weight targets in gpu_models.py, the one time plan in gpu_plan.py, the step
 record in gpu_common.py. Every step writes its JSON after each measurement (atomically), so a step killed by its
 time limit leaves what it had measured, with "complete": false. `--deadline-s` is the time the step may use: it

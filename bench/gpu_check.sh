@@ -3,8 +3,9 @@
 #
 #   bash bench/gpu_check.sh [--budget SECONDS] [--out DIR] [--dry-run] [--sweep] [--wheels DIR] [--peak-tflops X]
 #
-#   --budget S   wall-clock seconds for everything (default gpu_plan.BUDGET_S, 400). Each step runs under `timeout`; a step
-#                whose planned time no longer fits in what is left is skipped, and the table and gpu_check.json say so.
+#   --budget S   wall-clock seconds for everything (default gpu_plan.BUDGET_S, 400, plus step tp's plan where there are
+#                >= 2 CUDA devices). Each step runs under `timeout`; a step whose planned time no longer fits in what
+#                is left is skipped, and the table and gpu_check.json say so.
 #   --out DIR    where the JSON files go (default bench/results/; with --dry-run a new temporary directory)
 #   --dry-run    the same steps on CPU with tiny shapes (Triton in its interpreter, flex forward only): tests the
 #                script, its JSON and its budget handling, not the numbers (tests/test_gpu_check.py runs it)
@@ -32,10 +33,15 @@
 #   d'. target   the target's feature forward at Qwen3.6 width (8 layers): padded vs          -> gpu_target.json
 #                packed, kernels as installed vs torch reference, packed = per-document features, and a dense
 #                stack of that width; useful TFLOP/s, % of bf16 peak, hours per epoch of 1.87B tokens on two pairs
+#   d''. tp      (>= 2 CUDA devices only; one GPU: recorded as skipped) the target split      -> gpu_tp.json
+#                tensor-parallel over 2 GPUs (bench/target_tp.py --gpu-check: two 2-process torchrun runs, NCCL,
+#                bf16, the hybrid at Qwen3.6 width): weights per rank, forward time tp 2 / tp 1, the features of
+#                the split target against the whole one, the pair's all-reduce bandwidth. Its plan is added to the
+#                default budget when it runs
 #   c'. sweep    (--sweep only) kernel tile candidates at the flagship shape                   -> gpu_sweep.json
 #   e. tests     `pytest -m gpu` on the test files that have gpu tests, if its minimum remains -> gpu_tests.json
 #   summary      every step's status, wall time, plan and headline                             -> gpu_check.json
-# At most 8 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
+# At most 9 JSON files, a few hundred KiB. The exit status is 0 when every step ran or was skipped for time, 1 when a
 # step failed or timed out, 2 for a usage error (one line).
 #
 # It uses the machine's own python (`$PYTHON`, default `python3`) and packages, installs nothing and leaves the
@@ -71,10 +77,16 @@ case "$PYTHON" in /*) ;; *) PYTHON="$PWD/$PYTHON" ;; esac   # steps run from oth
 # the one time plan (bench/gpu_plan.py): E_<STEP> planned s, M_<STEP> least left to start, L_<STEP> time-limit cap
 PLAN_VARS="$("$PYTHON" "$REPO/bench/gpu_plan.py" $([ "$DRY" = 1 ] && echo --dry-run))" || die "cannot read bench/gpu_plan.py"
 eval "$PLAN_VARS"
-[ -n "$BUDGET" ] || BUDGET="$BUDGET_DEFAULT"
-[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -gt 0 ] || die "--budget must be a positive whole number of seconds, got '$BUDGET'"
+if [ -n "$BUDGET" ]; then   # none given: the default below, once the CUDA devices are counted
+  [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -gt 0 ] || die "--budget must be a positive whole number of seconds, got '$BUDGET'"
+fi
 "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" 2>/dev/null \
   || die "'$PYTHON' has no torch (set PYTHON to the python of the GPU stack)"
+# CUDA devices the steps see (the dry run hides them); >= 2 runs step tp and adds its plan to the default budget
+if [ "$DRY" = 1 ]; then GPUS=0
+else GPUS="$("$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null)"; fi
+[[ "$GPUS" =~ ^[0-9]+$ ]] || GPUS=0
+if [ -z "$BUDGET" ]; then BUDGET=$(( BUDGET_DEFAULT + (GPUS >= 2 ? E_TP : 0) )); fi
 START=$(date +%s)
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")" || die "cannot create a temporary directory"
@@ -89,8 +101,8 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT" 2>/dev/null || die "cannot create the output directory $OUT"
 OUT="$(cd "$OUT" && pwd)"
-FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_sweep.json gpu_tests.json
-       gpu_check.json)
+FILES=(gpu_env.json gpu_parity.json gpu_speed.json gpu_pipeline.json gpu_target.json gpu_tp.json gpu_sweep.json
+       gpu_tests.json gpu_check.json)
 for f in "${FILES[@]}"; do rm -f "$OUT/$f" "$OUT/.$f".tmp-*; done   # no stale result from an earlier run
 
 # ---- import shim: dflash_nb from this checkout, kernels/ as dflash_nb.kernels (setup.py's package_dir mapping)
@@ -160,6 +172,16 @@ run_py parity
 run_py speed
 run_py pipeline
 run_py target "${PEAK[@]}"
+# d''. the target split over two GPUs: only where there are two (skipped, and said, on one)
+if [ "$GPUS" -ge 2 ]; then
+  run_step tp gpu_tp.json "$E_TP" "$M_TP" "$L_TP" "$PYTHON" "$REPO/bench/target_tp.py" --gpu-check \
+    --out "$OUT/gpu_tp.json" --deadline-s @DEADLINE@ "${DRYFLAG[@]}"
+else
+  why="skipped: needs 2 CUDA devices, this machine has $GPUS$([ "$DRY" = 1 ] && echo ' (dry run: CUDA hidden)')"
+  printf '\n=== tp  (plan %s s)  [%s]\n%s\n' "$E_TP" "$(date -u +%H:%M:%S)" "$why"
+  printf '{"name": "tp", "file": "gpu_tp.json", "status": "skipped", "expected_s": %s, "wall_s": 0, "reason": "%s"}\n' \
+    "$E_TP" "$why" >> "$STEPS"
+fi
 if [ "$SWEEP" = 1 ]; then run_py sweep; fi
 # e. the gpu-marked tests, in the files that have them (the others may need packages this machine lacks)
 mapfile -t TEST_FILES < <(grep -l "pytest.mark.gpu" "$REPO"/tests/test_*.py 2>/dev/null)
@@ -176,8 +198,8 @@ else
 fi
 
 # ---- summary: gpu_check.json and the table
-META=$(printf '{"budget_s": %s, "elapsed_s": %s, "dry_run": %s, "python": "%s", "out": "%s", "commit": "%s", "started": "%s"}' \
-  "$BUDGET" "$(elapsed)" "$([ "$DRY" = 1 ] && echo true || echo false)" "$PYTHON" "$OUT" \
+META=$(printf '{"budget_s": %s, "elapsed_s": %s, "dry_run": %s, "cuda_devices": %s, "python": "%s", "out": "%s", "commit": "%s", "started": "%s"}' \
+  "$BUDGET" "$(elapsed)" "$([ "$DRY" = 1 ] && echo true || echo false)" "$GPUS" "$PYTHON" "$OUT" \
   "$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)" "$(date -u -d "@$START" +%Y-%m-%dT%H:%M:%SZ)")
 if ! "$PYTHON" "$REPO/bench/gpu_check.py" summary --out "$OUT" --steps "$STEPS" --meta "$META"; then
   echo "summary failed; the step records:"; cat "$STEPS"; status=1

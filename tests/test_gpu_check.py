@@ -14,10 +14,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "bench" / "gpu_check.sh"
-STEPS = ["env", "parity", "speed", "pipeline", "target", "sweep", "tests"]
+STEPS = ["env", "parity", "speed", "pipeline", "target", "tp", "sweep", "tests"]
 DRY_BUDGET = 300   # seconds: a ceiling for a shared CI box, not what a quiet one takes
 FILES = {"env": "gpu_env.json", "parity": "gpu_parity.json", "speed": "gpu_speed.json", "pipeline": "gpu_pipeline.json",
-         "target": "gpu_target.json", "sweep": "gpu_sweep.json", "tests": "gpu_tests.json"}
+         "target": "gpu_target.json", "tp": "gpu_tp.json", "sweep": "gpu_sweep.json", "tests": "gpu_tests.json"}
+NO_CUDA = "skipped: needs 2 CUDA devices, this machine has 0 (dry run: CUDA hidden)"   # step tp in every dry run
 
 
 def run(*args, timeout=240):
@@ -44,12 +45,17 @@ def test_dry_run_runs_every_step_and_writes_its_json(full):
     out, p, wall = full
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(f.name for f in out.iterdir())
-    assert files == sorted([*FILES.values(), "gpu_check.json"])          # <= 8 files, no .tmp left over
+    ran = {k: v for k, v in FILES.items() if k != "tp"}                  # tp needs two GPUs: skipped, no file
+    assert files == sorted([*ran.values(), "gpu_check.json"])            # <= 8 files, no .tmp left over
     assert sum(f.stat().st_size for f in out.iterdir()) < 16 * 2**20
     s = load(out / "gpu_check.json")
-    assert s["dry_run"] is True and s["budget_s"] == DRY_BUDGET and s["status"] == "ok"
+    assert s["dry_run"] is True and s["budget_s"] == DRY_BUDGET and s["status"] == "ok" and s["cuda_devices"] == 0
     assert [st["name"] for st in s["steps"]] == STEPS
+    tp = next(st for st in s["steps"] if st["name"] == "tp")
+    assert tp["status"] == "skipped" and tp["reason"] == NO_CUDA and tp["wall_s"] == 0, tp
     for st in s["steps"]:
+        if st["name"] == "tp":
+            continue
         assert st["status"] == "ok", st
         assert 0 < st["limit_s"] <= DRY_BUDGET and st["expected_s"] > 0
         d = load(out / st["file"])
@@ -59,7 +65,9 @@ def test_dry_run_runs_every_step_and_writes_its_json(full):
     # the table comes last: one line per step with its status
     table = p.stdout[p.stdout.rindex("step "):]
     for name in STEPS:
-        assert any(line.split()[:2] == [name, "ok"] for line in table.splitlines()), table
+        want = [name, "skipped" if name == "tp" else "ok"]
+        assert any(line.split()[:2] == want for line in table.splitlines()), table
+    assert "needs 2 CUDA devices, this machine has 0" in table
 
 
 @pytest.mark.slow
@@ -147,7 +155,8 @@ def test_tiny_budget_skips_what_does_not_fit(tmp_path):
     assert env["status"] in ("ok", "timeout", "skipped") and env.get("limit_s", 0) <= 10 - 5
     assert (tmp_path / FILES["env"]).exists() == (env["status"] != "skipped")
     for name in STEPS[1:]:
-        assert steps[name]["status"] == "skipped" and "of the 10 s budget left" in steps[name]["reason"], steps[name]
+        why = NO_CUDA if name == "tp" else "of the 10 s budget left"      # no second GPU comes before the budget
+        assert steps[name]["status"] == "skipped" and why in steps[name]["reason"], steps[name]
         assert not (tmp_path / FILES[name]).exists()
     assert p.returncode == (1 if env["status"] == "timeout" else 0)
     assert wall < 10 + 8
@@ -176,6 +185,10 @@ def test_gpu_plan_fits_the_default_budget_on_paper():
     sys.path.insert(0, str(REPO / "bench"))
     import gpu_plan
     assert gpu_plan.default_plan_s(dry_run=False) <= gpu_plan.BUDGET_S == 400
+    # step tp runs only with two GPUs; there the shell adds its plan to the default budget, which then fits too
+    tp = gpu_plan.PLAN[False]["tp"]["step"]
+    assert gpu_plan.default_plan_s(dry_run=False, gpus=2) == gpu_plan.default_plan_s(dry_run=False) + tp
+    assert gpu_plan.default_plan_s(dry_run=False, gpus=2) <= gpu_plan.BUDGET_S + tp
     for dry in (False, True):
         for name, p in gpu_plan.PLAN[dry].items():
             assert all(0 < s <= p["step"] for s in p.get("parts", {}).values()), (dry, name)
@@ -184,6 +197,7 @@ def test_gpu_plan_fits_the_default_budget_on_paper():
     text = SCRIPT.read_text()
     assert not re.search(r"\bE_\w+=\d", text) and not re.search(r"^BUDGET=\d", text, re.M)
     assert 'eval "$PLAN_VARS"' in text
+    assert "BUDGET=$(( BUDGET_DEFAULT + (GPUS >= 2 ? E_TP : 0) ))" in text
 
 
 @pytest.mark.slow
@@ -251,3 +265,43 @@ def test_packed_check_catches_a_leaking_document():
     bad = packed_vs_per_document(lambda ids, docs: leaky, per_doc, row, [5, 3, 6])
     assert good["ok"] and good["max_rel_err"] < 1e-3 and good["documents"] == 3
     assert not bad["ok"] and bad["max_rel_err_first_4_tokens_of_later_documents"] == bad["max_rel_err"] > 0.1
+
+
+@pytest.mark.slow
+def test_tp_step_dry_run_on_cpu(tmp_path):
+    """Step tp's own command (what gpu_check.sh runs on >= 2 GPUs) in its dry run: the two 2-process runs on CPU (gloo,
+    fp32, a tiny hybrid), its step record with the halved weights, the split target's features and the all-reduce."""
+    out = tmp_path / "gpu_tp.json"
+    p = subprocess.run([sys.executable, str(REPO / "bench" / "target_tp.py"), "--gpu-check", "--dry-run", "--out",
+                        str(out), "--deadline-s", "240"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    d = load(out)
+    assert d["step"] == "tp" and d["dry_run"] is True and d["complete"] is True and d["errors"] == []
+    c = d["compare"]
+    assert c["params_ratio_tp2_over_tp1"] == pytest.approx(0.5, abs=0.02)
+    assert c["features_max_rel_err"] < 1e-5 and c["forward_median_s"]["tp2"] > 0
+    assert [r["tp"] for r in d["runs"]["tp1"] + d["runs"]["tp2"]] == [1, 1, 2, 2]
+    assert d["allreduce"]["bytes"] == sum(d["documents"]) * d["target"]["hidden_size"] * 4
+    assert "tp2/tp1: weights per rank 0.50x" in d["headline"]
+    assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_target_tp_results_add_up():
+    "bench/results/target_tp.json: the measured halving, and the projection's table equal to its own parts."
+    d = load(REPO / "bench" / "results" / "target_tp.json")
+    assert "/work/" not in json.dumps(d) and "/tmp/" not in json.dumps(d)
+    for arch in ("qwen3", "qwen3_5"):
+        m = d["measured"][arch]
+        assert m["params_ratio_tp2_over_tp1"] == pytest.approx(0.5, abs=0.01) and m["features_max_rel_err"] < 1e-4
+        assert m["kinds_tp2"]["norms"]["split_share"] == 0 and m["kinds_tp2"]["mlp"]["split_share"] == 1
+    pr = d["projection"]
+    assert pr["projected"] is True and pr["card_gb"] == 80 and pr["gpus"] == 8
+    for name, m in pr["models"].items():
+        for r in m["rows"]:
+            parts = r["target_gb"] + r["drafter_gb"] + r["embed_head_copies_gb"] + r["activations_gb"]
+            assert r["total_gb"] == pytest.approx(parts) and r["fits"] == (r["total_gb"] <= 80)
+            assert r["dp"] * r["tp"] == 8 and (r["embed_head_copies_gb"] > 0) == (r["tp"] > 1)
+        fit = [r["tp"] for r in m["rows"] if r["fits"] and r["heads_divide"]]
+        assert m["smallest_tp_that_fits"] == (fit[0] if fit else None)
+    q = pr["models"]["Qwen3.6-27B"]
+    assert q["heads"] == {"q": 24, "kv": 4, "tp_max_by_heads": 4} and q["layers_run"] == 62

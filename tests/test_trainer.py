@@ -183,6 +183,13 @@ def test_shipped_configs_parse():
     assert (REPO / "configs" / "demo.yaml").read_text() == demo_config_path().read_text()
     pairs = load_config(RunConfig, REPO / "configs" / "qwen3.6-27b-4gpu-pairs.yaml").train
     assert pairs.devices == [["cuda:0", "cuda:2"], ["cuda:1", "cuda:3"]] and pairs.global_batch % 2 == 0
+    from dflash_nb.parallel import Layout, check_tp_target
+    from transformers import Qwen3_5TextConfig
+    tp = load_config(RunConfig, REPO / "configs" / "qwen3.6-27b-8gpu-tp.yaml")   # 8 GPUs, the target split 4 ways
+    t = tp.train
+    assert t.target.tp_size == 4 and t.devices == [] and not tp.regenerate.prompts and t.global_batch % 8 == 0
+    assert Layout(world=8, rank=0, tp=t.target.tp_size).dp == 2
+    check_tp_target(Qwen3_5TextConfig(num_attention_heads=24, num_key_value_heads=4), t.target.tp_size)  # heads divide
 
 
 @pytest.mark.gpu
