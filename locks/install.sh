@@ -8,8 +8,11 @@
 # `Because ...` that follows), prefixed with the command's first word; the whole output stays in LOG.
 set -uo pipefail
 log="$1"; shift
-mkdir -p "$(dirname "$log")"
-echo "+ $*" >>"$log"
+# a log that cannot be written is said as such, not blamed on the command that never ran
+if ! { mkdir -p "$(dirname "$log")" && echo "+ $*" >>"$log"; } 2>/dev/null; then
+  echo "install: cannot write the install log $log (a directory where it should be, no space or no permission)" >&2
+  exit 2
+fi
 if "$@" >>"$log" 2>&1; then exit 0; else rc=$?; fi
 reason=$(grep -E -m 3 '^(ERROR:|error:|  × |× |  ╰─▶ |Because )' "$log" | sed -E 's/^ *(× |╰─▶ )//' | tr '\n' ' ' | cut -c1-400)
 echo "install failed ($(basename "$1") exit $rc): ${reason:-see the log} (full log: $log)" >&2

