@@ -294,8 +294,9 @@ def newest_complete(root) -> Optional[Path]:
     return None
 
 # %% ../nbs/08a_checkpoint.ipynb #9a1ae587
-def _pid_alive(pid: int) -> bool:
-    "Whether process `pid` exists on this host (one we may not signal exists too)."
+def _pid_alive(pid) -> bool:
+    "Whether process `pid` exists on this host (one we may not signal exists too; a pid no process can have: no)."
+    if type(pid) is not int or not 0 < pid < 2**31: return False   # 0 and -1 would ask about whole process groups
     try: os.kill(pid, 0)
     except ProcessLookupError: return False
     except PermissionError: return True
@@ -318,10 +319,10 @@ class RunLock:
                 held = False
             except OSError as e: held = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
             try: holder = json.loads(os.pread(fd, 4096, 0).decode() or "null")
-            except ValueError: holder = None
-            if not isinstance(holder, dict): holder = None
+            except (ValueError, RecursionError): holder = None   # garbage, nested past the parser's depth: no holder
+            if not isinstance(holder, dict) or not isinstance(holder.get("host"), str): holder = None
             same_host = holder is not None and holder.get("host") == me["host"]
-            alive = same_host and isinstance(holder.get("pid"), int) and _pid_alive(holder["pid"])
+            alive = same_host and _pid_alive(holder.get("pid"))
             if held or (holder is not None and holder.get("pid") != me["pid"] and (alive or not same_host)):
                 os.close(fd)
                 who = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "another process"
@@ -334,9 +335,14 @@ class RunLock:
                 os.close(fd)
                 continue
             if holder is not None and holder.get("pid") != me["pid"]: self.taken_over = holder
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(me).encode(), 0)
-            os.fsync(fd)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(me).encode(), 0)
+                os.fsync(fd)
+            except OSError:                       # a full disk: no empty lock file left behind for the next run
+                with contextlib.suppress(OSError): self.path.unlink()
+                os.close(fd)
+                raise
             self.fd = fd
             return self
         raise CheckpointError(f"could not take the lock {self.path} (it keeps changing); is another trainer starting "

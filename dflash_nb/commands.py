@@ -94,9 +94,10 @@ def disarm_watchdogs():
     while _WATCHDOGS: _WATCHDOGS.pop().set()
 
 # %% ../nbs/00d_commands.ipynb #2c84c6dc
-def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> int:
+def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = (),
+            again: str = "run the same command again"):   # what a rerun does, said after a full disk or a Ctrl-C
     """Exit code of `main(argv)` (0 unless it returns an int): an expected failure prints `prog: error: <one line>` and
-    gives 2; SIGTERM, one line and 143; a bug raises; `--debug` also prints the traceback."""
+    gives 2; SIGTERM, one line and 143; Ctrl-C, one line and 130; a bug raises; `--debug` also prints the traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
@@ -108,6 +109,10 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         disarm_watchdogs()
         print(f"{prog}: {error_line(err)}", file=sys.stderr)
         return 143
+    except KeyboardInterrupt:   # exit 130 as a shell reports Ctrl-C; the writers' temp files are gone as after SIGTERM
+        disarm_watchdogs()
+        print(f"{prog}: interrupted (Ctrl-C); files written before are intact: {again}", file=sys.stderr)
+        return 130
     except Exception as err:
         full = disk_full(err)
         import pickle
@@ -123,8 +128,7 @@ def run_cli(main, argv=None, prog: str = "dflash_nb", expected: tuple = ()) -> i
         # every writer here goes through a temp file or dir and a rename: a full disk leaves the previous file whole
         if full:
             line = (
-                f"no space left on device ({line}); files written before are intact: free space and run again "
-                "(train.resume=auto continues from the last checkpoint)"
+                f"no space left on device ({line}); files written before are intact: free space and {again}"
             )
         print(f"{prog}: error: {line}", file=sys.stderr)
         return 2

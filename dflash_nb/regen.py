@@ -578,7 +578,8 @@ def tensor_parallel_note(man: dict, n: int) -> str | None:
 def main(argv=None) -> int:
     "`dflash-regen ...` (`python -m dflash_nb.regen`): an expected failure is one line and exit 2 (`--debug`: stack)."
     from dflash_nb.prompts import PromptFileError
-    return run_cli(_main, argv, prog="dflash_nb.regen", expected=(PromptFileError, *serving_errors()))
+    return run_cli(_main, argv, prog="dflash_nb.regen", expected=(PromptFileError, *serving_errors()),
+                   again="rerun the same dflash-regen command: it continues from the shards written")
 
 def cli():
     "Console script `dflash-regen` (`python -m dflash_nb.regen`); `main` returns `run_cli`'s exit code."

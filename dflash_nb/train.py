@@ -370,7 +370,8 @@ def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
     # ValueError: shapes that do not fit the target, an unknown architecture, ...
     from dflash_nb.regen import serving_errors
-    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()))
+    return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()),
+                   again="run again with train.resume=auto to continue from the last checkpoint")
 
 def _main(argv: list) -> int:
     with contextlib.suppress(Exception):  # progress reaches log files as it happens

@@ -182,3 +182,22 @@ def test_nonfinite_stop_names_a_finite_checkpoint(tmp_path, data_dir):
     w = load_file(str(newest / "drafter.safetensors"))
     save_file({k: torch.full_like(v, float("nan")) for k, v in w.items()}, str(newest / "drafter.safetensors"))
     assert last_finite_checkpoint(root) is not None and last_finite_checkpoint(root) != newest
+
+
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, data_dir):
+    "A real `python -m dflash_nb.train` interrupted mid-run (SIGINT, as Ctrl-C sends): one line saying how to go on."
+    import signal, time
+    cfg = write_run_config(tmp_path / "run.yaml", train_dict(tmp_path / "run", data_dir, steps=100_000))
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline: time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.splitlines()[-1] == ("python -m dflash_nb.train: interrupted (Ctrl-C); files written before are intact: "
+                                    "run again with train.resume=auto to continue from the last checkpoint"), err[-2000:]
+    assert "Traceback" not in err
