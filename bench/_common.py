@@ -7,8 +7,13 @@ runs and has no copy of the step to drift from it.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# an absolute path of two parts or more, not inside a word, a URL (`https://a/b`), a relative or a home path
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])/(?:[\w.+@~-]+/)+[\w.+@~-]*")
 
 
 def now_iso() -> str:
@@ -16,12 +21,28 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _machine_free(match: re.Match) -> str:
+    "One absolute path: relative to the repository when inside it, else `.../` and its last two parts."
+    path = match.group(0).rstrip("/")
+    if path == str(REPO) or path.startswith(f"{REPO}/"): return path[len(str(REPO)) + 1:] or "."
+    parts = path.strip("/").split("/")
+    return path if len(parts) < 2 else ".../" + "/".join(parts[-2:])       # `/tmp/` says nothing of a machine
+
+
+def portable(obj):
+    "`obj` with no path of the machine it ran on: every absolute path in its strings made relative or cut short."
+    if isinstance(obj, dict): return {portable(k): portable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [portable(v) for v in obj]
+    if isinstance(obj, Path): obj = str(obj)
+    return _ABSOLUTE_PATH.sub(_machine_free, obj) if isinstance(obj, str) else obj
+
+
 def write_json(path, obj, indent: int = 1) -> Path:
-    "Write `obj` as JSON to `path` atomically and durably (`dflash_nb.storage.atomic_write_text`), making its folder."
+    "Write `portable(obj)` as JSON to `path` atomically and durably (`dflash_nb.storage.atomic_write_text`)."
     from dflash_nb.storage import atomic_write_text
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(obj, indent=indent, default=str) + "\n")
+    atomic_write_text(path, json.dumps(portable(obj), indent=indent, default=str) + "\n")
     return path
 
 
