@@ -20,11 +20,12 @@ from .build import (
 from .parallel import layout, collective_error   # chapter Parallel: a split target, a failed collective
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
+from .checkpoint import checkpoints_held
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'keep_freed_memory',
-           'cpu_threads', 'phase', 'held_checkpoints', 'check_run', 'next_demo_dir', 'generation_key', 'save_generated',
-           'reuse_generated', 'prepare_data', 'measure_tau', 'export', 'run', 'main', 'cli']
+           'cpu_threads', 'phase', 'check_run', 'next_demo_dir', 'generation_key', 'save_generated', 'reuse_generated',
+           'prepare_data', 'measure_tau', 'export', 'run', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -124,15 +125,6 @@ def phase(name: str, cfg: RunConfig, run_dir: Path):
         raise
 
 
-# %% ../nbs/11_train.ipynb #0699485e
-def held_checkpoints(run_dir) -> Optional[str]:
-    "What `run_dir/checkpoints` holds of an earlier run, for a message; None when it holds nothing."
-    root = Path(run_dir) / "checkpoints"
-    if not root.is_dir(): return None
-    if (root / "latest").exists(): return f"latest: {(root / 'latest').read_text(errors='replace').strip()[:40]}"
-    steps = sorted(p.name for p in root.iterdir() if re.fullmatch(r"step-\d{1,12}", p.name))
-    return f"{len(steps)} step dirs, the last {steps[-1]}" if steps else None
-
 # %% ../nbs/11_train.ipynb #33769ecd
 def _tokenized(key: str, data_dir):
     "A local tokenized data dir holds a manifest and shards that pass every check (s3:// is checked where it is read)."
@@ -168,8 +160,8 @@ def check_run(cfg: RunConfig):
             raise ConfigError("train.data_dir is not set: point it at the output of `python -m dflash_nb.data`")
         _tokenized("train.data_dir", tc.data_dir)
     if cfg.evaluate.num_samples: _tokenized("evaluate.data_dir", cfg.evaluate.data_dir)
-    if not tc.resume and (held := held_checkpoints(tc.run_dir)):
-        ckpts = Path(tc.run_dir) / "checkpoints"
+    ckpts = Path(tc.run_dir) / "checkpoints"
+    if not tc.resume and (held := checkpoints_held(ckpts)):
         raise ConfigError(f"{ckpts} already holds checkpoints ({held}): continue that run with train.resume=auto, "
                           f"or pick another train.run_dir (nothing was changed)")
     return tokenizer
@@ -178,8 +170,8 @@ def check_run(cfg: RunConfig):
 def next_demo_dir(run_dir) -> Path:
     "`run_dir` when it holds no earlier run, else the first of `run_dir-2`, `run_dir-3`, ... that holds none."
     run_dir, n = Path(run_dir), 2
-    if not held_checkpoints(run_dir): return run_dir
-    while held_checkpoints(run_dir.with_name(f"{run_dir.name}-{n}")): n += 1
+    if not checkpoints_held(run_dir / "checkpoints"): return run_dir
+    while checkpoints_held(run_dir.with_name(f"{run_dir.name}-{n}") / "checkpoints"): n += 1
     return run_dir.with_name(f"{run_dir.name}-{n}")
 
 # %% ../nbs/11_train.ipynb #ea139b6a
