@@ -16,6 +16,10 @@
 
     python bench/speedup.py --run runs/smollm2 --target models/smollm2
     python bench/speedup.py --run runs/smollm2 --target models/smollm2 --no-sweep      # the cost model only
+    python bench/speedup.py --run R --target T --no-cost --no-sweep --curve --heldout DATA   # the τ curve only
+
+3. τ curve (--curve): the held-out τ and per-slot acceptance of every checkpoint the run kept (the decoding walk on
+   `--curve-samples` samples of the tokenized held-out data), with the training tokens seen by then (metrics.jsonl).
 
 Writes bench/results/speedup-cpu.json (or --out) after each part.
 """
@@ -135,6 +139,38 @@ def run_summary(run_dir: Path) -> dict:
             "per_position": after.get("per_position"), "heldout_samples": after.get("samples")}
 
 
+def tokens_seen(metrics: Path) -> dict[int, int]:
+    "Training tokens seen by the end of each logged step: the sum of each interval's tokens/s × its wall seconds."
+    seen, total = {}, 0.0
+    for line in metrics.read_text().splitlines() if metrics.exists() else []:
+        rec = json.loads(line)
+        if "tokens_per_s" in rec and "wall_s" in rec:
+            total += rec["tokens_per_s"] * rec["wall_s"]
+            seen[rec["step"]] = round(total)
+    return seen
+
+
+def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: str = "float32") -> list[dict]:
+    "Held-out τ and per-slot acceptance of every checkpoint the run kept (the decoding walk), with the tokens seen."
+    import torch
+    from dflash_nb.checkpoint import step_dirs, step_of
+    from dflash_nb.evaluate import load_drafter_dir, load_target_spec
+    from dflash_nb.target import TargetFeatures
+    from dflash_nb.train import measure_tau
+    model = load_target_spec(target, device="cpu", dtype=getattr(torch, dtype))   # a model dir, or "tiny"
+    seen, rows = tokens_seen(run_dir / "metrics.jsonl"), []
+    for d in step_dirs(run_dir / "checkpoints"):
+        drafter = load_drafter_dir(d, model)
+        feats = TargetFeatures(model, drafter.config.target_layer_ids)
+        r = measure_tau(drafter, feats, heldout, samples, drafter.config.block_size)
+        step = step_of(d.name)
+        rows.append({"step": step, "tokens_seen": seen.get(step), "tau": r["tau"], "per_position": r["per_position"],
+                     "samples": r["samples"], "load": load()})
+        print(f"step {step}: τ {r['tau']:.3f} on {r['samples']} held-out samples, per slot "
+              f"{' '.join(f'{p:.3f}' for p in r['per_position'][:4])}", flush=True)
+    return rows
+
+
 def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
           tmp: Path, threads: int | None = None) -> tuple[dict, list]:
     "The real console script's sweep on the run's held-out prompts; its JSON and the command."
@@ -168,13 +204,16 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompts", type=int, default=16, help="held-out prompts served in every cell")
     ap.add_argument("--no-sweep", action="store_true", help="the cost model only")
+    ap.add_argument("--curve", action="store_true", help="also the held-out τ of every checkpoint the run kept")
+    ap.add_argument("--heldout", default=None, help="tokenized held-out data for --curve (default: the run's)")
+    ap.add_argument("--curve-samples", type=int, default=64, help="held-out samples walked per checkpoint")
     ap.add_argument("--no-cost", action="store_true", help="the sweep only (the cost model kept from --out)")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speedup-cpu.json"))
     a = ap.parse_args(argv)
     run_dir, target, t0 = Path(a.run).resolve(), Path(a.target).resolve(), time.perf_counter()
     prev = json.loads(Path(a.out).read_text()) if a.no_cost and Path(a.out).exists() else {}
-    tcfg = json.loads((target / "config.json").read_text())
+    tcfg = json.loads((target / "config.json").read_text()) if (target / "config.json").exists() else {}
     trained = run_summary(run_dir)
     out = {"bench": "speedup", "when": now_iso(), "host": platform.node(), "cpus": os.cpu_count(),
            "target": {"path": str(a.target), **{k: tcfg.get(k) for k in (
@@ -183,6 +222,10 @@ def main(argv=None) -> int:
            "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
     pp = trained["per_position"] or []
+    if a.curve:
+        heldout = Path(a.heldout or run_dir / "data" / "heldout")
+        out["tau_curve"] = tau_curve(run_dir, a.target, heldout, a.curve_samples)
+        write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
     if not a.no_cost:
         for dt in a.dtypes:
             out["cost_model"][dt] = cost_model(run_dir, target, Path(a.drafter or run_dir / "drafter"), dt, a.context,
