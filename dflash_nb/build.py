@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from .config import ConfigError
+from .commands import check_device
 from .parallel import (   # chapter Parallel: a target split over a TP group
     layout, tp_mesh, load_target_tp, saved_tiny_target, plain_copy, is_split)
 
@@ -27,7 +28,8 @@ def dist_env() -> tuple[int, int, int]:
 def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torch.device]:
     "(target_device, drafter_device) of this rank: `devices[local_rank]`, else the rank's own GPU for both, else CPU."
     def dev(name):
-        d = torch.device(name)  # "cuda" means this process's current GPU: give it an index so pairs compare equal
+        d = check_device(name, f"train.devices[{local_rank}]")   # one this machine has; "cuda" means this process's
+        # current GPU: give it an index so pairs compare equal
         if d.type == "cuda" and d.index is None and torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
         return d

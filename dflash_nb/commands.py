@@ -10,7 +10,7 @@ from .config import ConfigError, ExpectedError, invoked_as
 
 # %% auto #0
 __all__ = ['SIGTERM_GRACE_S', 'error_line', 'disk_full', 'Terminated', 'sigterm_raises', 'exit_after', 'disarm_watchdogs',
-           'run_cli', 'CliParser', 'move_overrides', 'scratch_dir', 'finite_json']
+           'run_cli', 'CliParser', 'move_overrides', 'scratch_dir', 'finite_json', 'check_device']
 
 # %% ../nbs/00d_commands.ipynb #9202d99a
 def error_line(err: BaseException) -> str:
@@ -176,3 +176,17 @@ def finite_json(obj):
     if isinstance(obj, (list, tuple)): return [finite_json(v) for v in obj]
     return obj
 
+
+# %% ../nbs/00d_commands.ipynb #1ca95fd7
+def check_device(spec, what: str = "--device"):   # what: the flag or config key that named it, for the message
+    "`spec` as a `torch.device` this machine has; a name torch does not know, or a GPU it lacks, is a `ConfigError`."
+    import torch   # heavy: only the commands that take a device import it here
+    try: d = torch.device(spec)
+    except (RuntimeError, TypeError): raise ConfigError(f"{what} {spec!r}: not a device (cpu, cuda, cuda:N)") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0: raise ConfigError(f"{what} {spec}: this machine's torch sees no CUDA GPU; use cpu")
+        if d.index is not None and d.index >= n:
+            raise ConfigError(f"{what} {spec}: this machine has {n} CUDA GPU(s), cuda:0 to cuda:{n - 1}")
+    elif d.type not in ("cpu", "cuda"): raise ConfigError(f"{what} {spec}: dflash_nb runs on cpu or cuda devices")
+    return d

@@ -4,9 +4,10 @@
 
 # %% ../nbs/09b_evaluate.ipynb #aa3811f1
 from __future__ import annotations
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 import torch
+from .commands import check_device
 from .decoding import (AcceptanceStats, acceptance_length, check_sampling, expected_speedup, forward_costs,
                                 generated_span, sample_generate, speculative_generate)
 from .prompts import (MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, MultiTurn, PromptFileError, read_prompt_specs,
@@ -174,7 +175,7 @@ def load_target_spec(
     "The target CausalLM named on the command line."
     from dflash_nb.target import tiny_target, load_target
     from dflash_nb.progress import stage
-    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = check_device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec == "tiny":
         return tiny_target(dtype=getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)).to(dev)
     if str(spec).endswith((".yaml", ".yml")):
@@ -487,7 +488,7 @@ def check_sweep(ks, batch_sizes, drafter_dir) -> tuple[list[int], list[int]]:
 
 # %% ../nbs/09b_evaluate.ipynb #568331f5
 def check_vllm_args(args):
-    "What `--engine vllm` needs: prompt sets, a target directory vLLM loads, an exported drafter."
+    "What `--engine vllm` needs: prompt sets, a target dir vLLM loads, an exported drafter, timeouts a clock counts."
     from dflash_nb.config import ConfigError
     if not args.prompts:
         raise ConfigError("--engine vllm: needs --prompts (vLLM generates; --data walks stored samples)")
@@ -495,8 +496,11 @@ def check_vllm_args(args):
         raise ConfigError(f"--engine vllm: --target {args.target}: not a model directory vLLM loads (no config.json)")
     if not (Path(args.drafter) / "config.json").is_file():
         raise ConfigError(f"--engine vllm: --drafter {args.drafter}: not an exported drafter (see dflash-export)")
-    if getattr(args, "num_speculative_tokens", None) or getattr(args, "batch_size", None):
-        check_sweep(args.num_speculative_tokens, args.batch_size, args.drafter)
+    check_sweep(args.num_speculative_tokens, args.batch_size, args.drafter)   # the drafter's block, the sweep's cells
+    from dflash_nb.serving import timeout_seconds
+    if env := os.environ.get("DFLASH_WORKER_TIMEOUT"): timeout_seconds(env, "DFLASH_WORKER_TIMEOUT")
+    for flag in ("worker_timeout", "load_timeout"):
+        if (v := getattr(args, flag, None)) is not None: timeout_seconds(v, f"--{flag.replace('_', '-')}")
 
 
 # %% ../nbs/09b_evaluate.ipynb #87e4fa80

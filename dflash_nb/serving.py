@@ -4,10 +4,10 @@
 
 # %% ../nbs/01g_serving.ipynb #1ed28f90
 from __future__ import annotations
-import collections, importlib.util, json, os, queue, re, shutil, signal, subprocess, sys, tempfile, threading
+import collections, importlib.util, json, math, os, queue, re, shutil, signal, subprocess, sys, tempfile, threading
 from pathlib import Path
 import dflash_nb.vllm_worker as vllm_worker
-from .config import patch
+from .config import ConfigError, patch
 
 class ServingUnavailable(RuntimeError):
     "No Python with vLLM to serve with."
@@ -19,8 +19,9 @@ class ServingError(RuntimeError):
         self.log = list(log)
 
 # %% auto #0
-__all__ = ['WORKER', 'REPO', 'IPC_PATH_MAX', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError', 'serving_python',
-           'last_said', 'worker_tmp_dir', 'VLLMEngine', 'exit_status', 'spec_delta', 'acceptance_length']
+__all__ = ['WORKER', 'REPO', 'IPC_PATH_MAX', 'MAX_TIMEOUT_S', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError',
+           'serving_python', 'last_said', 'worker_tmp_dir', 'timeout_seconds', 'VLLMEngine', 'exit_status',
+           'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #2fa80ebc
 WORKER = Path(vllm_worker.__file__).resolve()   # run as a script by the serving Python
@@ -65,6 +66,17 @@ def worker_tmp_dir(base: str | None = None) -> str:   # where to make it (None: 
     raise ServingError(f"no directory short and writable enough for vLLM's sockets ({IPC_PATH_MAX} bytes a path) "
                        f"among {', '.join(bases)}: set TMPDIR to a shorter one")
 
+# %% ../nbs/01g_serving.ipynb #d4581338
+MAX_TIMEOUT_S = 30 * 24 * 3600.0   # a month: any longer wait is a typo
+
+def timeout_seconds(value, what: str) -> float:   # what: the flag or variable that gave it, for the message
+    "`value` as seconds to wait, a finite number in (0, MAX_TIMEOUT_S]; anything else a `ConfigError` naming `what`."
+    try: seconds = float(value)
+    except (TypeError, ValueError, OverflowError): seconds = math.nan
+    if not 0 < seconds <= MAX_TIMEOUT_S:                       # NaN fails this too
+        raise ConfigError(f"{what} {value!r}: must be a number of seconds above 0, at most {MAX_TIMEOUT_S:g}")
+    return seconds
+
 # %% ../nbs/01g_serving.ipynb #48f22ce1
 WORKER_TIMEOUT_S = 3600.0   # the default of both timeouts below (DFLASH_WORKER_TIMEOUT sets another)
 
@@ -77,8 +89,10 @@ class VLLMEngine:
                  load_timeout: float | None = None,  # seconds the load may take (None, both: the default above)
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
-        default = float(os.environ.get("DFLASH_WORKER_TIMEOUT") or WORKER_TIMEOUT_S)
-        self.timeout, self.load_timeout = float(timeout or default), float(load_timeout or default)
+        env = os.environ.get("DFLASH_WORKER_TIMEOUT")
+        default = timeout_seconds(env, "DFLASH_WORKER_TIMEOUT") if env else WORKER_TIMEOUT_S
+        self.timeout = default if timeout is None else timeout_seconds(timeout, "--worker-timeout")
+        self.load_timeout = default if load_timeout is None else timeout_seconds(load_timeout, "--load-timeout")
         python, self.proc, self._shm = serving_python(), None, set()
         self._tmp = worker_tmp_dir()       # vLLM leaves files in TMPDIR: its own, removed by close
         try: self._start(python)

@@ -24,12 +24,17 @@ def one_line(e: BaseException) -> str:
 
 # %% ../nbs/01f_vllm_worker.ipynb #29d68415
 def drafted_tokens(drafter_dir) -> int:
-    "How many tokens a DFlash export drafts per step: its block size minus the anchor."
-    cfg = json.loads((Path(drafter_dir) / "config.json").read_text())
-    block = (cfg.get("dflash_config") or {}).get("block_size") or cfg.get("block_size")
-    if not block:
-        raise ValueError(f"{drafter_dir}/config.json has no dflash_config.block_size: not a DFlash drafter export")
-    return int(block) - 1
+    "How many tokens a DFlash export drafts per step: its block size minus the anchor (else a ValueError saying why)."
+    path = Path(drafter_dir) / "config.json"
+    try: cfg = json.loads(path.read_text())
+    except RecursionError: raise ValueError(f"{path}: nested too deep to be a model config") from None
+    if not isinstance(cfg, dict): raise ValueError(f"{path} holds a JSON {type(cfg).__name__}, not a drafter's config")
+    dflash = cfg.get("dflash_config")
+    block = (dflash.get("block_size") if isinstance(dflash, dict) else None) or cfg.get("block_size")
+    if block is None: raise ValueError(f"{path} has no dflash_config.block_size: not a DFlash drafter export")
+    if type(block) is not int or block < 2:   # the anchor and at least one draft
+        raise ValueError(f"{path}: block_size {block!r} is not an integer >= 2")
+    return block - 1
 
 # %% ../nbs/01f_vllm_worker.ipynb #6f557d36
 def llm_kwargs(req: dict) -> dict:
