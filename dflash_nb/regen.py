@@ -590,7 +590,8 @@ def merge_parts(parts, out) -> dict:
     if gone := [j for j in range(n) if str(j) not in owner]:
         raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
                           "the parts that own them and merge again")
-    return _write_merged(mans, files, check_out_dir(out), [str(p) for p in parts])
+    r = _write_merged(mans, files, check_out_dir(out), [str(p) for p in parts])
+    return dict(r, unlisted=[p / name for p, m in mans for name in unlisted_files(m, p)])   # not copied: reported
 
 def run_identity(man: dict) -> dict:
     "What makes two manifests one run's: the prompt set, its count, the shard size and the settings."
@@ -781,6 +782,7 @@ def _main(argv: list) -> int:
     _positive(a)
     if a.merge:
         r = merge_parts(a.merge, a.out)
+        for f in r["unlisted"]: print(_stray_note(f))
         print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
         return 0
     _one_process(a)                              # merging runs no engine: any size is fine there

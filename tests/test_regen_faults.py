@@ -363,11 +363,15 @@ def test_a_command_never_writes_where_it_reads(small, tmp_path):
     assert rc == 2 and err.count("\n") == 1 and f"--prompts {prompts} lies in --out {tmp_path / 'o'}" in err, err
     assert {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()} == before
     parts = [part_of(d / "whole", tmp_path / f"m{i}", i, 2) for i in range(2)]
+    (parts[1] / "shard-00042.jsonl").write_text('{"messages": [{"role": "user", "content": "stray"}]}\n')
     for out, said in ((parts[0] / "sub", f"--out {parts[0] / 'sub'} lies in --merge {parts[0]}"),
                       (tmp_path, f"--merge {parts[0]} lies in --out {tmp_path}")):
         rc, _, err = run_main("--merge", *parts, "--out", out)
         assert rc == 2 and err.count("\n") == 1 and said in err, err
     assert not (parts[0] / "sub").exists() and not (tmp_path / MANIFEST).exists()
+    rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")   # a part's stray: noted, not copied
+    assert rc == 0 and f"note: {parts[1] / 'shard-00042.jsonl'} is not a shard of this run" in out, out
+    assert shards(tmp_path / "merged") == shards(d / "whole")
 
 
 @pytest.mark.parametrize("edit, said", [
