@@ -13,9 +13,9 @@ from .storage import s3_client, split_s3
 from .records import CONTENT_FIELDS, DataConfig, RecordError, sha256_hex
 
 # %% auto #0
-__all__ = ['SHARD_FORMAT', 'InputFile', 'InputError', 'list_inputs', 'S3RangeReader', 'open_input', 'ShardTask', 'dataset_id',
-           'plan_shards', 'iter_range_lines', 'input_fingerprints', 'input_id', 'parse_line', 'synthetic_records',
-           'write_jsonl']
+__all__ = ['REGEN_MANIFEST', 'SHARD_FORMAT', 'InputFile', 'InputError', 'list_inputs', 'S3RangeReader', 'open_input', 'ShardTask',
+           'dataset_id', 'plan_shards', 'iter_range_lines', 'input_fingerprints', 'input_id', 'parse_line',
+           'synthetic_records', 'write_jsonl']
 
 # %% ../nbs/01b_inputs.ipynb #38802a6a
 @dataclass(frozen=True)
@@ -87,6 +87,42 @@ def _walk_files(base: Path):
                 elif e.is_file(): yield Path(e.path)
             except OSError: continue
 
+# %% ../nbs/01b_inputs.ipynb #3a3c5230
+REGEN_MANIFEST = "regen.manifest"
+
+def _regen_listed_only(paths, base: Path) -> list:
+    "`paths` without the files of a dflash-regen out dir (at or below `base`) that its finished manifest does not list."
+    seen, out = {}, []
+    for x in paths:
+        d, keep = x.parent, True
+        while True:
+            if d not in seen: seen[d] = _regen_listed(d)
+            if seen[d] is not None: keep = keep and d == x.parent and x.name in seen[d]
+            if d == base or d == d.parent or base not in d.parents: break
+            d = d.parent
+        if keep: out.append(x)
+    return out
+
+def _regen_listed(d: Path) -> Optional[set]:
+    "Shard names a finished dflash-regen run in `d` lists (None: no regen.manifest there); an unfinished one: refused."
+    f = d / REGEN_MANIFEST
+    if not f.is_file(): return None
+    try: m = json.loads(f.read_text())
+    except (OSError, ValueError) as e: raise InputError(f"input {d}: {REGEN_MANIFEST} unreadable ({e})") from None
+    m = m if isinstance(m, dict) else {}
+    size, shards = m.get("shard_size"), m.get("shards")
+    if not (isinstance(m.get("prompts"), int) and isinstance(size, int) and size > 0 and isinstance(shards, dict)):
+        raise InputError(f"input {d}: {REGEN_MANIFEST} is not a dflash-regen manifest; rerun dflash-regen there")
+    if (part := m.get("part") or [0, 1]) != [0, 1]:
+        raise InputError(f"input {d}: part {part[0]} of {part[1]} of a dflash-regen run (--shard-index); merge the "
+                         "parts with dflash-regen --merge and read the merged directory")
+    names = {f"shard-{j:05d}.jsonl" for j in range(-(-m["prompts"] // size))}
+    done = [n for n in names if f"{int(n[6:11])}" in shards and (d / n).is_file()]
+    if m.get("merging") or len(done) < len(names):
+        what = "an unfinished dflash-regen --merge" if m.get("merging") else "an unfinished dflash-regen run"
+        raise InputError(f"input {d}: {what} ({len(done)} of {len(names)} shards done); run it again to finish it")
+    return names
+
 # %% ../nbs/01b_inputs.ipynb #13f42f0c
 def _list_local(spec: str) -> list[InputFile]:
     p = Path(spec)
@@ -97,6 +133,7 @@ def _list_local(spec: str) -> list[InputFile]:
     elif p.is_dir(): base, paths = p, [x for x in _walk_files(p) if _is_data_name(x.name)]
     elif p.is_file(): base, paths = p.parent, [p]
     else: raise InputError(f"input {spec} " + ("is not a regular file" if p.exists() else "does not exist"))
+    if p.is_dir() or _has_glob(spec): paths = _regen_listed_only(paths, base)
     out, real = [], set()
     for x in sorted(paths, key=lambda x: x.relative_to(base).as_posix()):
         r = os.path.realpath(x)

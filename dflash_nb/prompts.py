@@ -11,7 +11,7 @@ import torch
 
 # %% auto #0
 __all__ = ['PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMPT_RECORD_BYTES', 'MAX_PROMPT_JSON_DEPTH',
-           'MAX_JSON_ARRAY_BYTES', 'MAX_PROMPT_FILE_BYTES', 'MAX_PARQUET_GROUP_VALUES', 'PromptFileError',
+           'MAX_JSON_ARRAY_BYTES', 'MAX_PROMPT_FILE_BYTES', 'BOM', 'MAX_PARQUET_GROUP_VALUES', 'PromptFileError',
            'detect_prompt_format', 'prompt_records', 'MultiTurn', 'PromptFile', 'prompt_conversations',
            'read_prompt_file', 'read_prompt_specs', 'render_prompts']
 
@@ -114,6 +114,8 @@ def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
             stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
 
 # %% ../nbs/01e_prompts.ipynb #1136ca4f
+BOM = b"\xef\xbb\xbf"   # the UTF-8 byte-order mark: not part of the first record
+
 def _jsonl_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BYTES):   # None: no total cap
     "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past `cap`."
     from dflash_nb.records import RecordError
@@ -125,6 +127,7 @@ def _jsonl_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BY
             if len(line) > max_bytes and not line.endswith(b"\n"):
                 raise PromptFileError(f"{p}:{n}: record larger than {max_bytes} bytes (--max-record-bytes)")
             if cap is not None and total > cap: raise _too_much(p, f"line {n}", cap)
+            if n == 1: line = line.removeprefix(BOM)               # a byte-order mark some editors write first
             if not line.strip(): continue
             try: yield f"{p}:{n}", parse_line(line)
             except RecordError as e: raise PromptFileError(f"{p}:{n}: not JSON ({e})") from None
@@ -205,7 +208,7 @@ def _json_array_records(p: Path, max_bytes: int):
     if p.stat().st_size > MAX_JSON_ARRAY_BYTES:
         raise PromptFileError(f"{p}: a JSON array file over {MAX_JSON_ARRAY_BYTES >> 20} MiB; "
                               "write it as JSONL, one record a line")
-    data = p.read_bytes()
+    data = p.read_bytes().removeprefix(BOM)
     try: recs = parse_line(data)
     except RecordError as e:   # name the line, as the JSONL reader does: the first line where parsing went wrong
         where = p
@@ -229,7 +232,7 @@ def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
     checked_path(p, within=False)                      # a FIFO or a device is refused before it is opened
     with open(p, "rb") as f: head = f.read(4096)
     if head.startswith(b"PAR1"): yield from _parquet_records(p, max_record_bytes, max_file_bytes)
-    elif head.lstrip().startswith(b"["): yield from _json_array_records(p, max_record_bytes)
+    elif head.removeprefix(BOM).lstrip().startswith(b"["): yield from _json_array_records(p, max_record_bytes)
     else: yield from _jsonl_records(p, max_record_bytes, max_file_bytes)
 
 # %% ../nbs/01e_prompts.ipynb #a4d7c9e2

@@ -20,9 +20,9 @@ from .config import patch
 __all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
            'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
            'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
-           'totals', 'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
-           'auto_dtype', 'open_engine', 'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'run_settings',
-           'summary']
+           'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock',
+           'clear_of_inputs', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine', 'tensor_parallel_note',
+           'main', 'cli', 'serving_errors', 'run_settings', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -251,14 +251,36 @@ def prompts_sha(convs) -> str:
     for m in convs: h.update(_canonical(m) + b"\n")
     return h.hexdigest()
 
+# %% ../nbs/01h_regen.ipynb #124d91e7
+def _int(v) -> bool: return isinstance(v, int) and not isinstance(v, bool)
+
+def _malformed(m: dict) -> Optional[str]:
+    "Why manifest `m` cannot be this program's (None: it can): the shapes resume and merge rely on."
+    if not (_int(m.get("prompts")) and m["prompts"] >= 0 and _int(m.get("shard_size")) and m["shard_size"] >= 1):
+        return "`prompts` and `shard_size` must be whole numbers (shard_size >= 1)"
+    part = m.get("part", [0, 1])
+    if not (isinstance(part, list) and len(part) == 2 and all(map(_int, part)) and 0 <= part[0] < part[1]):
+        return f"`part` must be [i, n] with 0 <= i < n, not {part!r}"
+    if not (isinstance(m.get("merging", []), list) and all(isinstance(p, str) for p in m.get("merging", []))):
+        return "`merging` must be a list of part directories"
+    own = {str(j) for j in range(-(-m["prompts"] // m["shard_size"])) if j % part[1] == part[0]}
+    for k, st in m["shards"].items():
+        if k not in own:
+            return (f"it lists shard {k!r}, which is not one of the {len(own)} shards this run owns "
+                    f"(indices j < {-(-m['prompts'] // m['shard_size'])} with j % {part[1]} == {part[0]})")
+        if not isinstance(st, dict): return f"the entry of shard {k} is {type(st).__name__}, not an object"
+    return None
+
 # %% ../nbs/01h_regen.ipynb #70a267c5
 def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
-    "The manifest in `out_dir` (None: there is none); one that is not this program's is refused."
+    "The manifest in `out_dir` (None: there is none); one that is not this program's, or malformed, is refused."
     try: have = json.loads((out_dir / MANIFEST).read_text())
     except FileNotFoundError: return None
     except ValueError as e: raise ConfigError(f"{out_dir / MANIFEST}: not valid JSON ({e}); --replace starts over")
     if not isinstance(have, dict) or not isinstance(have.get("shards"), dict):
         raise ConfigError(f"{out_dir / MANIFEST}: not a manifest of this program; --replace starts over")
+    if why := _malformed(have):
+        raise ConfigError(f"{out_dir / MANIFEST}: {why}; --replace starts over (nothing was changed)")
     return have
 
 # %% ../nbs/01h_regen.ipynb #fa2171e7
@@ -270,7 +292,11 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     want = dict(prompts_sha=sha, prompts=len(convs), shard_size=shard_size, settings=settings)
     if tuple(part) != (0, 1): want["part"] = list(part)
     want = json.loads(json.dumps(want))           # as it reads back from the file (tuples are lists there)
-    have, ours = _manifest_on_disk(out_dir), sorted(out_dir.glob("shard-*.jsonl"))
+    have = None if replace else _manifest_on_disk(out_dir)     # --replace starts over from any manifest, even a bad one
+    ours = sorted(out_dir.glob("shard-*.jsonl"))
+    if have is not None and have.get("merging"):
+        raise ConfigError(f"{out_dir} holds an unfinished --merge of {', '.join(have['merging'])}: run that --merge "
+                          "again to finish it, or --replace to start over")
     if replace:
         for f in ours + [out_dir / MANIFEST]: f.unlink(missing_ok=True)
     elif have is not None and {k: have.get(k) for k in want} != want:
@@ -350,6 +376,15 @@ def changed_shards(man: dict, out_dir) -> list[str]:
             bad.append(f.name)
             del man["shards"][k]
     return bad
+
+# %% ../nbs/01h_regen.ipynb #1fc011f7
+def unlisted_files(man: dict, out_dir) -> list[str]:
+    "Names of shard-like files in `out_dir` that are none of `man`'s shards: reported, never read downstream."
+    own = {shard_name(i) for i in own_shards(man)}
+    return [f.name for f in sorted(Path(out_dir).glob("shard-*.jsonl")) if f.name not in own]
+
+def _stray_note(f: Path) -> str:
+    return f"note: {f} is not a shard of this run ({MANIFEST} does not list it): dflash-data does not read it"
 
 # %% ../nbs/01h_regen.ipynb #fe480327
 def totals(man: dict) -> dict:
@@ -507,18 +542,45 @@ class RegenLock:
     def __enter__(self): return self.acquire()
     def __exit__(self, *exc): self.release()
 
+# %% ../nbs/01h_regen.ipynb #0b0b35f7
+def _within(p, d) -> bool:
+    "True when path `p` is `d` or lies below it, links resolved (neither needs to exist)."
+    p, d = os.path.realpath(p), os.path.realpath(d)
+    return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
+
+def clear_of_inputs(out, inputs: dict):   # {flag: [local input paths]}
+    "Refuse an `out` that is, holds or lies inside one of the command's inputs: writing there could destroy them."
+    for flag, paths in inputs.items():
+        for p in map(str, paths):
+            what = (f"{flag} {p} lies in --out {out}" if _within(p, out) else
+                    f"--out {out} lies in {flag} {p}" if _within(out, p) else None)
+            if what: raise ConfigError(f"{what}: a command never writes where it reads; pick another --out "
+                                       "(nothing was written)")
+
+def _prompt_paths(specs) -> list[str]:
+    "The local files of `--prompts` specs (FORMAT=FILE gives FILE; s3:// URIs are no local path)."
+    from dflash_nb.prompts import PROMPT_FORMATS
+    out = []
+    for spec in map(str, specs):
+        fmt, _, path = spec.partition("=")
+        if not path or fmt not in PROMPT_FORMATS: path = spec
+        if not path.startswith("s3://"): out.append(path)
+    return out
+
 # %% ../nbs/01h_regen.ipynb #db30adb8
 def merge_parts(parts, out) -> dict:
     "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
+    out = Path(out)
+    clear_of_inputs(out, {"--merge": parts})            # never into (or around) a part: it would be read twice
     mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
     if missing := [str(p) for p, m in mans if m is None]:
         raise ConfigError(f"--merge {missing[0]}: no {MANIFEST} there")
-    key = lambda m: {k: m.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
+    key = lambda m: {**run_identity(m), "num_shards": (m.get("part") or [0, 1])[1]}
     first, owner, files = mans[0], {}, {}
     for p, m in mans:
         if key(m) != key(first[1]):
-            raise ConfigError(f"--merge: {p} was made with other prompts or settings than {first[0]}")
-        for k, st in m["shards"].items():
+            raise ConfigError(f"--merge: {p} was made with other prompts, settings or --num-shards than {first[0]}")
+        for k, st in m["shards"].items():        # keys checked: canonical indices of shards this part owns
             f = p / shard_name(int(k))
             if k in owner: raise ConfigError(f"--merge: {shard_name(int(k))} is in both {owner[k]} and {p}")
             if not f.is_file() or hashlib.sha256(f.read_bytes()).hexdigest() != st.get("sha256"):
@@ -528,20 +590,31 @@ def merge_parts(parts, out) -> dict:
     if gone := [j for j in range(n) if str(j) not in owner]:
         raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
                           "the parts that own them and merge again")
-    return _write_merged(mans, files, check_out_dir(out))
+    r = _write_merged(mans, files, check_out_dir(out), [str(p) for p in parts])
+    return dict(r, unlisted=[p / name for p, m in mans for name in unlisted_files(m, p)])   # not copied: reported
 
-def _write_merged(mans, files: dict, out: Path) -> dict:
+def run_identity(man: dict) -> dict:
+    "What makes two manifests one run's: the prompt set, its count, the shard size and the settings."
+    return {k: man.get(k) for k in ("prompts_sha", "prompts", "shard_size", "settings")}
+
+# %% ../nbs/01h_regen.ipynb #772f91d3
+def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
     from dflash_nb.storage import atomic_write_bytes
     out.mkdir(parents=True, exist_ok=True)
+    man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards", "merging")}
     with RegenLock(out):
-        if _manifest_on_disk(out) is not None or list(out.glob("shard-*.jsonl")):
+        have = _manifest_on_disk(out)
+        again = have is not None and have.get("merging") and run_identity(have) == run_identity(man)
+        if not again and (have is not None or list(out.glob("shard-*.jsonl"))):
             raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
-        man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards")}
+        atomic_write_text(out / MANIFEST, json.dumps(dict(man, merging=parts, shards={}), indent=1))
         man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
                          for k in sorted(files, key=int)}
         for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
-            atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
-        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))
+            dst = out / shard_name(int(k))
+            if not (dst.is_file() and hashlib.sha256(dst.read_bytes()).hexdigest() == man["shards"][k]["sha256"]):
+                atomic_write_bytes(dst, f.read_bytes())
+        atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))   # finished: the whole manifest, last
     return totals(man)
 
 # %% ../nbs/01h_regen.ipynb #c50a2ba7
@@ -671,6 +744,11 @@ def _one_process(a):
         raise ConfigError(
             f"--tensor-parallel-size {n}: the HF engine runs the target in one process; use --engine vllm")
 
+# %% ../nbs/01h_regen.ipynb #005a9049
+def _batch_identity(a, sampling: Sampling) -> dict:
+    "The batch size, where it decides the completions (HF engine, sampled): part of the run's identity."
+    return {"batch_size": a.batch_size} if a.engine == "hf" and not sampling.greedy else {}
+
 # %% ../nbs/01h_regen.ipynb #4d1f4ad0
 def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sampling) -> dict:
     "What the completions depend on besides the prompts (the resume key): target files, template, engine, sampling."
@@ -682,15 +760,30 @@ def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sam
     return dict(target_config=config, target_weights=files, tokenizer=vocab,
                 template=template_fingerprint(tokenizer, data_cfg.template_kwargs()), end_of_turn=data_cfg.end_of_turn,
                 engine=a.engine, dtype=auto_dtype(a.dtype, a.device), sampling=asdict(sampling), seed=a.seed,
-                max_new_tokens=a.max_new_tokens)
+                max_new_tokens=a.max_new_tokens, **_batch_identity(a, sampling))
+
+# %% ../nbs/01h_regen.ipynb #a8a14629
+def _check_inputs_and_context(a, target: Path, out: Path):
+    "Refuse prompt files inside `out`, and a `--max-new-tokens` that leaves no room for a prompt in the context."
+    clear_of_inputs(out, {"--prompts": _prompt_paths(a.prompts)})
+    if (n := context_length(target)) is not None and a.max_new_tokens >= n:
+        raise ConfigError(f"--max-new-tokens {a.max_new_tokens}: the target's context is {n:,} tokens, prompt and "
+                          "answer together; no prompt would fit")
+
+def _escaping_output():
+    "Print what cannot be encoded (a file name that is not UTF-8) as backslash escapes rather than fail."
+    for s in (sys.stdout, sys.stderr):
+        if hasattr(s, "reconfigure"): s.reconfigure(errors="backslashreplace")
 
 # %% ../nbs/01h_regen.ipynb #a90242a2
 def _main(argv: list) -> int:
     from dflash_nb.records import load_tokenizer
+    _escaping_output()                           # names that are not UTF-8 print escaped, never a traceback
     a = _args(argv)
     _positive(a)
     if a.merge:
         r = merge_parts(a.merge, a.out)
+        for f in r["unlisted"]: print(_stray_note(f))
         print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
         return 0
     _one_process(a)                              # merging runs no engine: any size is fine there
@@ -701,6 +794,7 @@ def _main(argv: list) -> int:
     target, out = Path(a.target), check_out_dir(a.out)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
+    _check_inputs_and_context(a, target, out)
     if a.engine == "vllm":
         from dflash_nb.serving import serving_python
         serving_python()                         # a Python with vLLM to serve with, before anything is read
@@ -717,6 +811,7 @@ def _main(argv: list) -> int:
                             (a.shard_index, a.num_shards))
         for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
                                                    "edited since): writing it again", flush=True)
+        for name in unlisted_files(man, out): print(_stray_note(out / name), flush=True)
         if note := tensor_parallel_note(man, a.tensor_parallel_size): print(note, flush=True)
         print(f"{len(prompts):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in prompts.counts.items())}); "
               f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
@@ -736,6 +831,9 @@ def _main(argv: list) -> int:
             except serving_errors() as err:        # the worker failed: say so, and where a rerun goes on from
                 raise type(err)(f"{err}; {_last_written(man, out)}") from None
     print(summary(r, time.perf_counter() - t0, out), flush=True)
+    if r["done"] and not r.get("prompts", 0) - r.get("too_long", 0):   # shards with no record: not a success
+        raise ConfigError(f"no completion was written: all {r.get('prompts', 0)} prompts of the {r['done']} shards "
+                          "done were skipped (longer than the target's context with --max-new-tokens)")
     return 0
 
 # %% ../nbs/01h_regen.ipynb #04670724

@@ -473,6 +473,20 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
                           f"(only the shards and manifest this program wrote are deleted)")
     return ours if others else []
 
+# %% ../nbs/01c_shards.ipynb #0dc82864
+def _clear_of_inputs(specs, files, out_dir):
+    "Refuse an `out_dir` holding an input file or lying in an input directory: the run would write where it reads."
+    out = os.path.realpath(out_dir)
+    inside = lambda p, d: p == d or p.startswith(d.rstrip(os.sep) + os.sep)
+    for f in files:
+        if not f.uri.startswith("s3://") and inside(os.path.realpath(f.uri), out):
+            raise ConfigError(f"input {f.uri} lies in --out {out_dir}: a command never writes where it reads; pick "
+                              "another --out (nothing was written)")
+    for s in map(str, [specs] if isinstance(specs, (str, Path)) else specs):
+        if not s.startswith("s3://") and os.path.isdir(s) and inside(out, os.path.realpath(s)):
+            raise ConfigError(f"--out {out_dir} lies in input directory {s}: a command never writes where it reads; "
+                              "pick another --out (nothing was written)")
+
 # %% ../nbs/01c_shards.ipynb #2ecc06d7
 def _manifest(ds: str, fps: dict, parts: dict, tkw: dict, cfg: DataConfig, ins: list, ordered: list[dict],
               out_dir: Path, dups: dict, a: dict, run: dict) -> dict:
@@ -540,7 +554,7 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     SampleEncoder(tok, cfg)                                      # a template and an end of turn to render with
     tkw, parts = cfg.template_kwargs(), tokenizer_parts(tok)
     fps = {"tokenizer": sha256_hex(json.dumps(parts, sort_keys=True))[:16], "template": template_fingerprint(tok, tkw)}
-    files = list_inputs(inputs, cfg)
+    _clear_of_inputs(inputs, files := list_inputs(inputs, cfg), out_dir)   # never write where it reads
     ins = input_fingerprints(files, cfg)
     fps["inputs"] = input_id(ins)  # other inputs make another data set (its id covers them)
     tasks = plan_shards(files, cfg, fps)

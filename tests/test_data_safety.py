@@ -383,3 +383,19 @@ def test_writers_never_overwrite_a_file_at_their_unmarked_temp_name(tmp_path):
     assert all(p.read_text() == text for p, text in theirs.items())
     assert (tmp_path / "config.yaml").read_text() == "x: 1\n" and (tmp_path / "export" / "config.json").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.yaml", "export", *(p.name for p in theirs)])
+
+
+@pytest.mark.parametrize("where", ["same", "below", "file"])
+def test_data_never_writes_where_it_reads(tmp_path, capsys, where):
+    """`--out` equal to an input directory, inside it, or holding an input file: one line, exit 2, the inputs as they
+    were. Before: --input d --out d wrote manifest.json into d, and the next run over d read it as 135 bad records."""
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                        {"role": "assistant", "content": "hello there"}]}) + "\n")
+    spec, out = {"same": (d, d), "below": (d, d / "sub"), "file": (d / "a.jsonl", d)}[where]
+    before = snap(d)
+    argv = ["--input", str(spec), "--tokenizer", str(qwen3_tokenizer_dir()), "--out", str(out), "--workers", "1"]
+    assert data_mod.main(argv) == 2
+    assert "a command never writes where it reads" in one_line(capsys, "python -m dflash_nb.data")
+    assert snap(d) == before

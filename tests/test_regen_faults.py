@@ -336,3 +336,156 @@ def test_three_machines_merge_to_one_machines_run(small, tmp_path):
     assert strip(man(tmp_path / "merged")) == strip(man(d / "whole"))
     rc, out, _ = run_main(*args(tmp_path / "merged"))                 # the merged dir is a finished run's
     assert rc == 0 and "8 of 8 shards done" in out and "loading the target" not in out
+
+
+# --- issue 46: inputs, manifests, merges, empty runs, sampling, names ------------------------------------------------
+
+def part_of(whole, out, i: int, n: int) -> Path:
+    "Machine i of n's directory, cut from a whole run's (no generation): its own shards and a manifest of them."
+    shutil.copytree(whole, out)
+    man = json.loads((out / MANIFEST).read_text())
+    man["part"], man["shards"] = [i, n], {k: v for k, v in man["shards"].items() if int(k) % n == i}
+    for f in out.glob("shard-*.jsonl"):
+        if int(f.stem[6:]) % n != i: f.unlink()
+    (out / MANIFEST).write_text(json.dumps(man))
+    return out
+
+
+def test_a_command_never_writes_where_it_reads(small, tmp_path):
+    """Prompts inside --out (even with --replace), a merge into one of its parts or around them: one line, exit 2, the
+    inputs untouched. Before: the prompt file was overwritten by shard 0 (exit 0), the merge nested in the part."""
+    args, d = small
+    shutil.copytree(d / "whole", tmp_path / "o")
+    prompts = tmp_path / "o" / "shard-00000.jsonl"
+    prompts.write_bytes((d / "p.jsonl").read_bytes())
+    before = {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()}
+    rc, _, err = run_main(*args(tmp_path / "o", "--replace", prompts=prompts))
+    assert rc == 2 and err.count("\n") == 1 and f"--prompts {prompts} lies in --out {tmp_path / 'o'}" in err, err
+    assert {f.name: f.read_bytes() for f in (tmp_path / "o").iterdir()} == before
+    parts = [part_of(d / "whole", tmp_path / f"m{i}", i, 2) for i in range(2)]
+    (parts[1] / "shard-00042.jsonl").write_text('{"messages": [{"role": "user", "content": "stray"}]}\n')
+    for out, said in ((parts[0] / "sub", f"--out {parts[0] / 'sub'} lies in --merge {parts[0]}"),
+                      (tmp_path, f"--merge {parts[0]} lies in --out {tmp_path}")):
+        rc, _, err = run_main("--merge", *parts, "--out", out)
+        assert rc == 2 and err.count("\n") == 1 and said in err, err
+    assert not (parts[0] / "sub").exists() and not (tmp_path / MANIFEST).exists()
+    rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")   # a part's stray: noted, not copied
+    assert rc == 0 and f"note: {parts[1] / 'shard-00042.jsonl'} is not a shard of this run" in out, out
+    assert shards(tmp_path / "merged") == shards(d / "whole")
+
+
+@pytest.mark.parametrize("edit, said", [
+    (lambda m: m["shards"].__setitem__("+1", m["shards"]["1"]), "lists shard '+1', which is not one of the 4 shards"),
+    (lambda m: m["shards"].__setitem__("-1", m["shards"]["1"]), "lists shard '-1'"),
+    (lambda m: m["shards"].__setitem__("0", m["shards"]["1"]), "lists shard '0'"),        # the other part's index
+    (lambda m: m["shards"].__setitem__("01", m["shards"]["1"]), "lists shard '01'"),
+    (lambda m: m["shards"].__setitem__("x", m["shards"]["1"]), "lists shard 'x'"),
+    (lambda m: m["shards"].__setitem__("1", [1, 2]), "the entry of shard 1 is list, not an object"),
+    (lambda m: m.__setitem__("shards", list(m["shards"].values())), "not a manifest of this program"),
+    (lambda m: m.__setitem__("part", [1, "2"]), "`part` must be [i, n] with 0 <= i < n"),
+])
+def test_a_malformed_manifest_is_one_line_to_merge_and_to_resume(small, tmp_path, edit, said):
+    """A part whose manifest lists a shard it does not own, or is not shaped like one: --merge and a resume there are
+    each one line, exit 2, nothing written. Before: '+1' merged as "7 of 6 shards", 'x' a ValueError traceback."""
+    args, d = small
+    parts = [part_of(d / "whole", tmp_path / f"m{i}", i, 2) for i in range(2)]
+    man = json.loads((parts[1] / MANIFEST).read_text())
+    edit(man)
+    (parts[1] / MANIFEST).write_text(json.dumps(man))
+    rc, _, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
+    assert rc == 2 and err.count("\n") == 1 and f"{parts[1] / MANIFEST}: " in err and said in err, err
+    assert not (tmp_path / "merged").exists()
+    rc, out, err = run_main(*args(parts[1], "--shard-index", "1", "--num-shards", "2"))
+    assert rc == 2 and err.count("\n") == 1 and said in err and "loading the target" not in out + err, err
+
+
+def test_a_killed_merge_is_finished_by_merging_again(small, tmp_path, monkeypatch):
+    """A merge stopped after its second shard (a write made to fail: fault injection) leaves a directory that
+    dflash-data and a resume both call unfinished; the same merge again completes it to one run's bytes. Before: the
+    next merge refused ("holds shards already") and dflash-data read the two shards as a data set."""
+    from dflash_nb import storage
+    from dflash_nb.inputs import list_inputs
+    args, d = small
+    parts = [part_of(d / "whole", tmp_path / f"m{i}", i, 2) for i in range(2)]
+    real, calls = storage.atomic_write_bytes, []
+    def dies_on_third(*a, **kw):
+        calls.append(1)
+        if len(calls) == 3: raise OSError(28, "No space left on device")
+        return real(*a, **kw)
+    monkeypatch.setattr(storage, "atomic_write_bytes", dies_on_third)
+    rc, _, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
+    monkeypatch.undo()
+    assert rc != 0 and len(shards(tmp_path / "merged")) == 2, err
+    with pytest.raises(Exception, match="an unfinished dflash-regen --merge"): list_inputs([str(tmp_path / "merged")])
+    rc, out, err = run_main(*args(tmp_path / "merged"))
+    assert rc == 2 and "holds an unfinished --merge" in err and "loading the target" not in out + err, err
+    rc, out, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
+    assert rc == 0 and "8 of 8 shards" in out, err
+    assert shards(tmp_path / "merged") == shards(d / "whole")
+    assert [f.name for f in list_inputs([str(tmp_path / "merged")])] == list(shards(d / "whole"))
+
+
+def test_a_stray_shard_is_noted_and_never_read(small, tmp_path):
+    "A shard-00042.jsonl that no manifest lists: the run notes it, dflash-data lists only the run's shards."
+    from dflash_nb.inputs import list_inputs
+    args, d = small
+    shutil.copytree(d / "whole", tmp_path / "o")
+    (tmp_path / "o" / "shard-00042.jsonl").write_text('{"messages": [{"role": "user", "content": "stray"}]}\n')
+    rc, out, _ = run_main(*args(tmp_path / "o"))
+    assert rc == 0 and f"note: {tmp_path / 'o' / 'shard-00042.jsonl'} is not a shard of this run" in out, out
+    assert [f.name for f in list_inputs([str(tmp_path / "o")])] == list(shards(d / "whole"))
+
+
+def test_a_run_with_no_completion_does_not_succeed(small, tmp_path):
+    """--max-new-tokens past the target's context: one line before anything is loaded. A run whose every prompt is
+    too long for the context: its summary, then one line, exit 2. Before: "8 of 8 shards done", 0 completions, exit
+    0."""
+    args, _ = small
+    rc, out, err = run_main(*args(tmp_path / "o1", "--max-new-tokens", "1000000000000"))
+    assert rc == 2 and err == ("python -m dflash_nb.regen: error: --max-new-tokens 1000000000000: the target's context "
+                               "is 32,768 tokens, prompt and answer together; no prompt would fit\n"), err
+    assert not (tmp_path / "o1").exists()
+    f = tmp_path / "long.jsonl"
+    f.write_text(json.dumps({"prompt": "word " * 40000}) + "\n")     # ~40K tokens: past the 32768 positions
+    rc, out, err = run_main(*args(tmp_path / "o2", prompts=f))
+    assert rc == 2 and "1 of 1 shards done" in out and "1 prompts skipped" in out, out
+    assert err.splitlines()[-1].endswith("no completion was written: all 1 prompts of the 1 shards done were skipped "
+                                         "(longer than the target's context with --max-new-tokens)"), err
+
+
+def test_a_sampled_run_resumed_at_another_batch_size_is_refused(small, tmp_path):
+    """The HF engine samples a batch from one generator, so a sampled run's --batch-size is part of its identity: a
+    resume at another size is one line, exit 2. Before: the missing shards were sampled differently, one run."""
+    args, d = small
+    target = tmp_path / "t"
+    served = next(a for a in args(tmp_path) if isinstance(a, Path) and (a / "config.json").is_file())
+    shutil.copytree(served, target)
+    gen = json.loads((target / "generation_config.json").read_text())
+    (target / "generation_config.json").write_text(json.dumps({**gen, "do_sample": True, "temperature": 0.8}))
+    sampled = lambda *more: [target if a == served else a
+                             for a in args(tmp_path / "o", "--sampling", "recommended", *more)]
+    assert run_main(*sampled("--batch-size", "4", "--max-shards", "1"))[0] == 0
+    assert json.loads((tmp_path / "o" / MANIFEST).read_text())["settings"]["batch_size"] == 4
+    rc, _, err = run_main(*sampled("--batch-size", "2"))
+    assert rc == 2 and err.count("\n") == 1 and "other settings (batch_size)" in err, err
+    assert len(shards(tmp_path / "o")) == 1
+
+
+@pytest.mark.parametrize("name, head", [("bom.jsonl", b"\xef\xbb\xbf"), (os.fsdecode(b"p\xff.jsonl"), b"")])
+def test_a_bom_and_an_undecodable_name_are_read(small, tmp_path, name, head):
+    """A prompt file starting with a UTF-8 byte-order mark, and one whose name is not UTF-8 printed to a strict UTF-8
+    stdout: the same prompts as the plain file (the finished run is recognised), the name escaped. Before: the BOM file
+    was refused as "not JSON", the name a UnicodeEncodeError traceback."""
+    import contextlib, io
+    from dflash_nb.regen import main
+    args, d = small
+    f = tmp_path / name
+    f.write_bytes(head + (d / "p.jsonl").read_bytes())
+    shutil.copytree(d / "whole", tmp_path / "o")
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+    with contextlib.redirect_stdout(out): rc = main(list(map(str, args(tmp_path / "o", prompts=f))))
+    out.flush()
+    text = raw.getvalue().decode()
+    assert rc == 0 and "8 of 8 shards done" in text, text
+    assert f"{str(f).encode('utf-8', 'backslashreplace').decode()}: 8" in text, text
