@@ -43,7 +43,7 @@ CASES = [
     ("data", "malformed YAML", DATA + ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
     ("data", "bad override", DATA + ["workers=many"], "workers: expected int, got 'many'"),
     ("data", "bare --config", DATA + ["--config"], "argument --config: expected one argument"),
-    ("train", "bad flag", ["--bogus"], "override '--bogus' is not of the form key=value"),
+    ("train", "bad flag", ["--bogus"], "unknown flag --bogus (see --help)"),
     ("train", "missing file", ["--config", "{d}/none.yaml"], "config file {d}/none.yaml does not exist"),
     ("train", "malformed YAML", ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
     ("train", "bad override", ["train.steps=many"], "train.steps: expected int, got 'many'"),
