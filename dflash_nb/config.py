@@ -433,11 +433,12 @@ def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
             if f.default is not dataclasses.MISSING
             else f.default_factory()
             if f.default_factory is not dataclasses.MISSING
-            else "required"
+            else dataclasses.MISSING
         )
         r = _range_text(f.metadata)
+        d = "required" if default is dataclasses.MISSING else f"default {default!r}"
         lines.append(
-            f"  {prefix}{f.name} ({_help_type(tp)}, default {default!r}{', ' + r if r else ''}): "
+            f"  {prefix}{f.name} ({_help_type(tp)}, {d}{', ' + r if r else ''}): "
             f"{f.metadata.get('help', '')}"
         )
         if "keys" in f.metadata:
@@ -504,8 +505,8 @@ def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
             continue
         key, tp = _field_at(cls, flag.lstrip("-"))
         if tp is None and a.startswith("--"):
-            flags = [f"--{f.name.replace('_', '-')}" for f in fields(cls)]
-            raise ConfigError(f"unknown flag {flag}{_did_you_mean(flag, flags)} (see --help)")
+            hint = _did_you_mean(flag.lstrip("-"), [f.name.replace("_", "-") for f in fields(cls)])  # no dashes
+            raise ConfigError(f"unknown flag {flag}{hint.replace('mean ', 'mean --')} (see --help)")
         if eq or not a.startswith("--"): add(key, _cli_value(raw, key), flag)
         elif _is(tp, (bool,)) and not (i < len(argv) and argv[i].lower() in _BOOL_WORDS): add(key, True, flag)
         elif _is(tp, (list, tuple)):
