@@ -205,7 +205,7 @@ def _coerce_union(value, tp, key: str):
             return _coerce(value, a, key)
         except ConfigError:
             pass
-    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {_help_type(tp)}, got {value!r}")   # a Literal's choices, by name
 
 # %% ../nbs/00a_config.ipynb #abcc19cd
 def _did_you_mean(word, choices) -> str:

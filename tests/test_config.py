@@ -62,7 +62,8 @@ SCRIPTS = {  # console script -> (module prog, arguments that are complete but f
                     "  overlong ({truncate, drop}, default 'truncate')"),
     "dflash-train": ("dflash_nb.train", ["--bogus"], "  train.gamma (float or null, default None, > 0)"),
     "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"], "--temperature T"),
-    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"], "{float32,bfloat16,float16}"),
+    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"],
+                      "--dtype ({float32, bfloat16, float16} or null, default None)"),
 }
 
 
