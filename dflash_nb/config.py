@@ -111,6 +111,8 @@ def read_document(path, fmt: str | None = None):
 def _type_name(tp) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Literal:   # its choices, by name
+        return "{" + ", ".join(map(str, typing.get_args(tp))) + "}"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 # %% ../nbs/00a_config.ipynb #a5440995
@@ -205,7 +207,7 @@ def _coerce_union(value, tp, key: str):
             return _coerce(value, a, key)
         except ConfigError:
             pass
-    raise ConfigError(f"{key}: expected {_help_type(tp)}, got {value!r}")   # a Literal's choices, by name
+    raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
 
 # %% ../nbs/00a_config.ipynb #abcc19cd
 def _did_you_mean(word, choices) -> str:
@@ -478,9 +480,13 @@ def _is(tp, kinds: tuple) -> bool:
 # %% ../nbs/00a_config.ipynb #34dffec4
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
 
-def _cli_value(raw: str, key: str):
-    "A command line value read as YAML (`3`, `true`, `[1, 2]`, `null`), or kept as text where it is not YAML."
-    return parse_override(f"{key}={raw}")[1]
+def _cli_value(raw: str, flag: str):
+    "A `--flag`'s value read as YAML (`3`, `true`, `[1, 2]`, `null`), or kept as text where it is not YAML."
+    try:
+        return parse_document(raw, flag) if raw.strip() else ""   # aliases and depth bounded, errors name the flag
+    except ConfigError as err:
+        if "not valid YAML" not in str(err): raise
+        return raw
 
 def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
     """(the `--config` file or None, [(field path, value, the flag as typed)]) of `argv`; bare words go to the list
@@ -507,7 +513,8 @@ def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
         if tp is None and a.startswith("--"):
             hint = _did_you_mean(flag.lstrip("-"), [f.name.replace("_", "-") for f in fields(cls)])  # no dashes
             raise ConfigError(f"unknown flag {flag}{hint.replace('mean ', 'mean --')} (see --help)")
-        if eq or not a.startswith("--"): add(key, _cli_value(raw, key), flag)
+        if not a.startswith("--"): add(key, parse_override(a)[1], flag)   # `key=value`: as `apply_overrides` reads it
+        elif eq: add(key, _cli_value(raw, flag), flag)
         elif _is(tp, (bool,)) and not (i < len(argv) and argv[i].lower() in _BOOL_WORDS): add(key, True, flag)
         elif _is(tp, (list, tuple)):
             n = next((j for j in range(i, len(argv)) if is_key(argv[j])), len(argv))
@@ -516,7 +523,7 @@ def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
             i = n
         else:
             if i >= len(argv) or argv[i].startswith("--"): raise ConfigError(f"{flag}: needs a value (see --help)")
-            add(key, _cli_value(argv[i], key), flag)
+            add(key, _cli_value(argv[i], flag), flag)
             i += 1
     return path, pairs
 

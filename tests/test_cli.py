@@ -38,11 +38,11 @@ EXPORT = ["--checkpoint", "{d}/ckpt", "--out", "{d}/out"]
 SWEEP = ["--drafter", "{d}/export", "--target", "{d}/served", "--prompts", "{d}/q.jsonl", "--engine", "vllm"]
 # (module, what goes wrong, arguments ({d}: the fixture's directory), text the one error line holds)
 CASES = [
-    ("data", "bad flag", DATA + ["--bogus"], "unrecognized arguments: --bogus (see --help)"),
+    ("data", "bad flag", DATA + ["--bogus"], "unknown flag --bogus (see --help)"),
     ("data", "missing file", DATA, "tokenizer {d}/tok: no such directory"),
     ("data", "malformed YAML", DATA + ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
     ("data", "bad override", DATA + ["workers=many"], "workers: expected int, got 'many'"),
-    ("data", "bare --config", DATA + ["--config"], "argument --config: expected one argument"),
+    ("data", "bare --config", DATA + ["--config"], "--config needs a file"),
     ("train", "bad flag", ["--bogus"], "unknown flag --bogus (see --help)"),
     ("train", "missing file", ["--config", "{d}/none.yaml"], "config file {d}/none.yaml does not exist"),
     ("train", "malformed YAML", ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),

@@ -59,7 +59,7 @@ def test_train_cli_one_line_exit_2_named_as_started():
 
 SCRIPTS = {  # console script -> (module prog, arguments that are complete but for one unknown flag, text its --help shows)
     "dflash-data": ("dflash_nb.data", ["--input", "a.jsonl", "--tokenizer", "tok", "--out", "out", "--bogus"],
-                    "  overlong ({truncate, drop}, default 'truncate')"),
+                    "  --overlong ({truncate, drop}, default 'truncate')"),
     "dflash-train": ("dflash_nb.train", ["--bogus"], "  train.gamma (float or null, default None, > 0)"),
     "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"], "--temperature T"),
     "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"],
