@@ -12,7 +12,7 @@ from .commands import run_cli
 
 # %% auto #0
 __all__ = ['REPORT_COLUMNS', 'RunRecord', 'read_run', 'run_row', 'format_report_table', 'plot_runs', 'ReportError',
-           'ReportCommand', 'run_report', 'main', 'cli']
+           'ReportCommand', 'run_report', 'parse_args', 'main', 'cli']
 
 # %% ../nbs/12_report.ipynb #4b59c483
 @dataclass
@@ -268,9 +268,13 @@ def run_report(cfg: ReportCommand) -> dict:
         Path(cfg.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
     return {"rows": rows, "picture": str(out), "problems": {str(r.path): r.problems for r in records}}
 
+def parse_args(argv=None) -> ReportCommand:
+    "The `ReportCommand` of a `dflash-report` command line."
+    return parse_cli(ReportCommand, argv, "dflash_nb.report", words="runs", about=_ABOUT, flags=True)
+
 def main(argv=None) -> dict:
     "`dflash-report RUN [RUN ...] [--out compare.png] [--json FILE]`: the runs side by side, a table and one picture."
-    return run_report(parse_cli(ReportCommand, argv, "dflash_nb.report", words="runs", about=_ABOUT, flags=True))
+    return run_report(parse_args(argv))
 
 def cli():
     "Console script `dflash-report` (same as `python -m dflash_nb.report`): expected failures are one line and exit 2."
