@@ -11,7 +11,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['MAX_DOC_BYTES', 'MAX_DOC_DEPTH', 'MAX_DOC_NODES', 'patch', 'ExpectedError', 'ConfigError', 'opt', 'parse_document',
            'read_document', 'validate_config', 'from_dict', 'to_dict', 'parse_override', 'apply_overrides',
-           'load_config', 'save_config', 'config_help', 'invoked_as', 'parse_cli']
+           'read_config_file', 'load_config', 'save_config', 'config_help', 'invoked_as', 'cli_help', 'parse_cli']
 
 # %% ../nbs/00a_config.ipynb #ed2cd3ad
 def patch(fn=None, *, as_prop: bool = False, cls_method: bool = False):
@@ -35,11 +35,14 @@ class ConfigError(ExpectedError, ValueError):
     "A config key or value that does not fit the dataclass schema."
 
 # %% ../nbs/00a_config.ipynb #76a0fc79
-def opt(default, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None, hidden: bool = False):
-    """A dataclass field with a `default` (copied when mutable) and a `help` string; `from_dict` enforces the rest:
-    `min`/`max` (inclusive) and `gt` (exclusive) bound a number, or every number of a list; `check(value, cfg)` returns
-    an error text (or None) for rules that involve other fields; `keys()` returns the dataclass (or the names) that the
-    keys of a dict field must fit. `hidden=True` keeps a key (a test-only knob) out of `--help`; it still loads."""
+def opt(
+    default=dataclasses.MISSING, help: str = "", *, min=None, max=None, gt=None, check=None, keys=None, hidden=False
+):
+    """A dataclass field with a `default` (copied when mutable; left out: a required field) and a `help` string;
+    `from_dict` enforces the rest: `min`/`max` (inclusive) and `gt` (exclusive) bound a number, or every number of a
+    list; `check(value, cfg)` returns an error text (or None) for rules that involve other fields; `keys()` returns the
+    dataclass (or the names) that the keys of a dict field must fit. `hidden=True` keeps a key (a test-only knob) out
+    of `--help`; it still loads."""
     meta = {
         "help": help,
         **{k: v for k, v in dict(min=min, max=max, gt=gt, check=check, keys=keys).items() if v is not None},
@@ -108,6 +111,8 @@ def read_document(path, fmt: str | None = None):
 def _type_name(tp) -> str:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is typing.Literal:   # its choices, by name
+        return "{" + ", ".join(map(str, typing.get_args(tp))) + "}"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 # %% ../nbs/00a_config.ipynb #a5440995
@@ -219,6 +224,8 @@ def _out_of_range(x, m: dict) -> str | None:
     # every float: inf or nan is never a setting (an inf lr or weight decay would train straight to nan)
     if isinstance(x, float) and not math.isfinite(x):
         return "must be a finite number"
+    if isinstance(x, int) and not -(2**63) <= x < 2**63:   # no setting is that large: a typo, or an overflow later
+        return "must fit in 64 bits"
     if "gt" in m and not x > m["gt"]:
         return f"must be > {m['gt']}"
     if "min" in m and not x >= m["min"]:
@@ -282,6 +289,9 @@ def validate_config(cfg, prefix: str = ""):
     return cfg
 
 # %% ../nbs/00a_config.ipynb #8144e601
+def _required(f) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
 def from_dict(cls, data: dict | None, prefix: str = ""):
     "Build dataclass `cls` from `data`; an unknown key, a wrong type or a value out of range: `ConfigError` naming it."
     data = dict(data or {})
@@ -293,6 +303,8 @@ def from_dict(cls, data: dict | None, prefix: str = ""):
             f"unknown config key {prefix}{unknown[0]!s}{_did_you_mean(unknown[0], known)} "
             f"(known keys of {cls.__name__}: {', '.join(sorted(known))})"
         )
+    if missing := [f.name for f in fields(cls) if f.init and f.name not in data and _required(f)]:
+        raise ConfigError(f"{prefix}{missing[0]}: required, not given")
     kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in data.items()}
     return validate_config(cls(**kwargs), prefix)
 
@@ -354,15 +366,17 @@ def apply_overrides(
     return out
 
 # %% ../nbs/00a_config.ipynb #a8b38993
+def read_config_file(path) -> dict:
+    "The mapping a YAML config file holds (an empty file: none); a missing file or another top level: `ConfigError`."
+    path = Path(path)
+    if not path.exists(): raise ConfigError(f"config file {path} does not exist")
+    data = read_document(path, "yaml") or {}
+    if not isinstance(data, dict): raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
 def load_config(cls, path=None, overrides=()):
     "Instance of `cls`: defaults, then the YAML file at `path` (if any), then `key=value` `overrides`."
-    data = {}
-    if path is not None:
-        path = Path(path)
-        if not path.exists(): raise ConfigError(f"config file {path} does not exist")
-        data = read_document(path, "yaml") or {}
-        if not isinstance(data, dict): raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return from_dict(cls, apply_overrides(data, overrides))
+    return from_dict(cls, apply_overrides(read_config_file(path) if path is not None else {}, overrides))
 
 def save_config(cfg, path) -> Path:
     "Write `cfg` as YAML to `path` (what a run directory keeps of its config)."
@@ -421,11 +435,12 @@ def config_help(cls, prefix: str = "", hidden: bool = False) -> str:
             if f.default is not dataclasses.MISSING
             else f.default_factory()
             if f.default_factory is not dataclasses.MISSING
-            else "required"
+            else dataclasses.MISSING
         )
         r = _range_text(f.metadata)
+        d = "required" if default is dataclasses.MISSING else f"default {default!r}"
         lines.append(
-            f"  {prefix}{f.name} ({_help_type(tp)}, default {default!r}{', ' + r if r else ''}): "
+            f"  {prefix}{f.name} ({_help_type(tp)}, {d}{', ' + r if r else ''}): "
             f"{f.metadata.get('help', '')}"
         )
         if "keys" in f.metadata:
@@ -442,20 +457,113 @@ def invoked_as(prog: str) -> str:
     return f"python -m {prog}" if prog.startswith("dflash_nb.") else prog
 
 # %% ../nbs/00a_config.ipynb #bfcafb5f
-def parse_cli(cls, argv=None, prog: str = "dflash_nb"):
-    "Parse `[--config FILE] [key=value ...]` into `cls`; `--help` prints every key with its help and exits."
+def _field_at(cls, key: str) -> tuple[str, object]:
+    """(`key` as a field path, dashes of field names as underscores; the field's type) for the dotted `key` of dataclass
+    `cls`; the type is None where no field has that name, `Any` inside a dict field (its keys stay as typed)."""
+    parts, tp, out = key.split("."), cls, []
+    for i, p in enumerate(parts):
+        if not is_dataclass(tp):
+            return ".".join(out + parts[i:]), typing.Any
+        hints, name = typing.get_type_hints(tp), p.replace("-", "_")
+        if name not in hints:
+            return ".".join(out + [name] + parts[i + 1 :]), None
+        out.append(name)
+        tp = hints[name]
+    return ".".join(out), tp
+
+def _is(tp, kinds: tuple) -> bool:
+    "Whether the annotation `tp`, or a member of its union, is one of `kinds` (`bool`, `list`, `tuple`)."
+    args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+    return any(a in kinds or typing.get_origin(a) in kinds for a in args)
+
+
+# %% ../nbs/00a_config.ipynb #34dffec4
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+
+def _cli_value(raw: str, flag: str):
+    "A `--flag`'s value read as YAML (`3`, `true`, `[1, 2]`, `null`), or kept as text where it is not YAML."
+    try:
+        return parse_document(raw, flag) if raw.strip() else ""   # aliases and depth bounded, errors name the flag
+    except ConfigError as err:
+        if "not valid YAML" not in str(err): raise
+        return raw
+
+def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
+    """(the `--config` file or None, [(field path, value, the flag as typed)]) of `argv`; bare words go to the list
+    field `words` (none: a bare word is an error)."""
+    path, pairs, lists, i = None, [], {}, 0
+    is_key = lambda a: a.startswith("--") or ("=" in a and _field_at(cls, a.split("=", 1)[0])[1] is not None)
+    def add(key, value, flag, listed=False):
+        if listed and key in lists: return lists[key].extend(value)   # a list flag given twice: its words add up
+        if listed: lists[key] = value
+        pairs.append((key, value, flag))
+    while i < len(argv):
+        a, i = argv[i], i + 1
+        flag, eq, raw = a.partition("=")
+        if flag == "--config":
+            path = raw if eq else argv[i] if i < len(argv) and not is_key(argv[i]) else None
+            i += not eq and path is not None
+            if not path: raise ConfigError("--config needs a file (see --help)")
+            continue
+        if not is_key(a):
+            if words is None: raise ConfigError(f"unexpected argument {a!r}: give --key value or key=value (--help)")
+            add(words, [a], words, listed=True)
+            continue
+        key, tp = _field_at(cls, flag.lstrip("-"))
+        if tp is None and a.startswith("--"):
+            hint = _did_you_mean(flag.lstrip("-"), [f.name.replace("_", "-") for f in fields(cls)])  # no dashes
+            raise ConfigError(f"unknown flag {flag}{hint.replace('mean ', 'mean --')} (see --help)")
+        if not a.startswith("--"): add(key, parse_override(a)[1], flag)   # `key=value`: as `apply_overrides` reads it
+        elif eq: add(key, _cli_value(raw, flag), flag)
+        elif _is(tp, (bool,)) and not (i < len(argv) and argv[i].lower() in _BOOL_WORDS): add(key, True, flag)
+        elif _is(tp, (list, tuple)):
+            n = next((j for j in range(i, len(argv)) if is_key(argv[j])), len(argv))
+            if n == i: raise ConfigError(f"{flag}: needs at least one value (see --help)")
+            add(key, argv[i:n], flag, listed=True)
+            i = n
+        else:
+            if i >= len(argv) or argv[i].startswith("--"): raise ConfigError(f"{flag}: needs a value (see --help)")
+            add(key, _cli_value(argv[i], flag), flag)
+            i += 1
+    return path, pairs
+
+
+# %% ../nbs/00a_config.ipynb #2ddf1a28
+def _named_as_typed(err: ConfigError, pairs: list) -> ConfigError:
+    "`err` with the key it starts with spelled as the user typed it (`--max-seq-len: ...`, not `max_seq_len: ...`)."
+    msg = str(err)
+    for key, _, flag in reversed(pairs):
+        if msg.startswith((key + ":", key + "[")):
+            return ConfigError(flag + msg[len(key) :])
+    return err
+
+def cli_help(cls, prog: str, words: str | None = None, about: str = "", flags: bool = False) -> str:
+    "What `--help` prints: the usage line, `about`, then every key (`--flag` style where `flags`) with its help."
+    w = f" {words.upper()} [{words.upper()} ...]" if words else ""
+    usage = f"usage: {invoked_as(prog)}{w} [--config FILE.yaml] [--key value | --key=value | key=value ...]"
+    keys = config_help(cls)
+    if flags:   # each key as its flag: `  --max-seq-len (int, ...)`
+        keys = re.sub(r"(?m)^  ([\w.]+) \(", lambda m: f"  --{m[1].replace('_', '-')} (", keys)
+    note = "a dash in a key is an underscore; --flag alone sets a bool true; a list takes the words up to the next key"
+    return "\n\n".join(s for s in (usage, about, f"keys ({note}):\n{keys}") if s)
+
+def parse_cli(cls, argv=None, prog: str = "dflash_nb", words: str | None = None, about: str = "", flags: bool = False):
+    """`cls` from a command line: `--key value`, `--key=value`, `key=value`, `--config FILE.yaml` (bare words into the
+    list field `words`); `--help` prints `cli_help` and exits. A bad key or value: `ConfigError` naming it as typed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
-        usage = f"usage: {invoked_as(prog)} [--config FILE.yaml] [key=value ...]"
-        print(f"{usage}\n\nkeys:\n{config_help(cls)}")
+        print(cli_help(cls, prog, words, about, flags))
         raise SystemExit(0)
-    path, overrides = None, []
-    it = iter(argv)
-    for a in it:
-        if a == "--config" or a.startswith("--config="):
-            path = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if not path:
-                raise ConfigError("--config needs a file (see --help)")
-        else:
-            overrides.append(a)
-    return load_config(cls, path, overrides)
+    path, pairs = _cli_words(cls, argv, words)
+    data = read_config_file(path) if path is not None else {}
+    for key, value, _ in pairs:
+        _set_dotted(data, key, value)
+    given = {k.split(".")[0] for k in data}
+    if missing := [f.name for f in fields(cls) if f.init and f.name not in given and _required(f)]:
+        name = words.upper() if words == missing[0] else f"--{missing[0].replace('_', '-')}"
+        raise ConfigError(f"{name}: required, not given (see --help)")
+    try:
+        return from_dict(cls, data)
+    except ConfigError as err:
+        raise _named_as_typed(err, pairs) from None
+

@@ -5,14 +5,14 @@
 # %% ../nbs/01d_data.ipynb #44efd27c
 from __future__ import annotations
 import dataclasses, sys
-from .config import ConfigError, load_config, parse_document, validate_config
+from .config import opt, parse_cli
 from .commands import run_cli
 from .records import DataConfig
 from .shards import tokenize_dataset
 
 
 # %% auto #0
-__all__ = ['main', 'cli']
+__all__ = ['main', 'cli', 'DataCommand', 'parse_args', 'run_data']
 
 # %% ../nbs/01d_data.ipynb #18844668
 def main(argv=None) -> int:
@@ -25,64 +25,29 @@ def cli():
     sys.exit(main())
 
 # %% ../nbs/01d_data.ipynb #e05332a1
-def _main(argv: list) -> int:
-    import argparse
-    from dflash_nb.config import config_help
-    from dflash_nb.commands import CliParser, move_overrides
+@dataclasses.dataclass(kw_only=True)
+class DataCommand(DataConfig):
+    "What `dflash-data` takes: where the conversations are, the tokenizer, the output dir, and the `DataConfig` keys."
+    input: list[str] = opt(help="JSONL files, globs, directories or s3:// URIs (the words up to the next flag)")
+    tokenizer: str = opt(help="directory with the target's tokenizer (tokenizer.json + chat template); "
+                         "hub:NAME to download NAME from the Hugging Face hub")
+    out: str = opt(help="output directory for shard-*.arrow and manifest.json")
 
-    ap = CliParser(
-        prog="dflash_nb.data",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
-        "Errors are one line (exit 2); --debug shows their traceback.",
-        epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig),
-    )
-    ap.add_argument(
-        "--input", nargs="+", action="extend", required=True, help="JSONL files, globs, directories or s3:// URIs"
-    )
-    ap.add_argument(
-        "--tokenizer",
-        required=True,
-        help="directory with the target's tokenizer (tokenizer.json + chat template); "
-        "hub:NAME to download NAME from the Hugging Face hub",
-    )
-    ap.add_argument("--out", required=True, help="output directory for shard-*.arrow and manifest.json")
-    h = {f.name: f.metadata.get("help", "").lstrip("* ") for f in dataclasses.fields(DataConfig)}
-    ap.add_argument("--workers", type=int, help=h["workers"])
-    ap.add_argument("--max-seq-len", type=int, help=h["max_seq_len"])
-    ap.add_argument("--min-loss-tokens", type=int, help=h["min_loss_tokens"])
-    ap.add_argument("--max-degenerate-fraction", type=float, help=h["max_degenerate_fraction"])
-    ap.add_argument("--max-malformed-fraction", type=float, help=h["max_malformed_fraction"])
-    ap.add_argument(
-        "--chat-template-kwargs",
-        metavar="JSON",
-        help=h["chat_template_kwargs"] + ' (a JSON object, e.g. \'{"preserve_thinking": true}\')',
-    )
-    ap.add_argument("--force", action="store_true", default=None, help=h["force"])
-    ap.add_argument("--replace", action="store_true", default=None, help=h["replace"])
-    ap.add_argument("--all-turns", action="store_true", default=None, help=h["all_turns"])
-    ap.add_argument("--config", help="YAML file with DataConfig keys")
-    ap.add_argument("overrides", nargs="*", help="DataConfig key=value")
-    args = move_overrides(ap.parse_args(argv), "input", set(h), argv)   # `--input a.jsonl key=value` too
-    cfg = load_config(DataConfig, args.config, args.overrides)
-    flags = {
-        "workers": args.workers,
-        "max_seq_len": args.max_seq_len,
-        "min_loss_tokens": args.min_loss_tokens,
-        "max_degenerate_fraction": args.max_degenerate_fraction,
-        "max_malformed_fraction": args.max_malformed_fraction,
-        "force": args.force,
-        "replace": args.replace,
-        "all_turns": args.all_turns,
-    }
-    if args.chat_template_kwargs is not None:
-        kw = parse_document(args.chat_template_kwargs, "--chat-template-kwargs", "json")  # size and depth limits too
-        if not isinstance(kw, dict):
-            raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {args.chat_template_kwargs}")
-        flags["chat_template_kwargs"] = {**cfg.chat_template_kwargs, **kw}
-    cfg = validate_config(dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None}))
-    tokenize_dataset(args.input, args.tokenizer, args.out, cfg)
+def parse_args(argv=None) -> DataCommand:
+    "The `DataCommand` of a `dflash-data` command line."
+    about = ("Tokenize JSONL conversations into Arrow shards with loss masks and an audit. "
+             "Errors are one line (exit 2); --debug shows their traceback.")
+    return parse_cli(DataCommand, argv, "dflash_nb.data", about=about, flags=True)
+
+def run_data(a: DataCommand) -> int:
+    "Tokenize what `a` names into its output dir; 0."
+    cfg = DataConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DataConfig)})
+    tokenize_dataset(a.input, a.tokenizer, a.out, cfg)
     return 0
+
+def _main(argv: list) -> int:
+    return run_data(parse_args(argv))
+
 
 # %% ../nbs/01d_data.ipynb #53cea0de
 #| eval: false

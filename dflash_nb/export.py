@@ -16,7 +16,8 @@ from .model import SERVING_ARCH, serving_config, read_exported_config   # the se
 __all__ = ['NonFiniteWeightsError', 'check_finite_weights', 'CorruptWeightsError', 'read_safetensors', 'write_modeling_code',
            'serving_state_dict', 'check_export_dir', 'export_drafter', 'check_drafter_fits', 'load_exported_drafter',
            'checkpoint_drafter_config', 'checkpoint_weights', 'export_checkpoint', 'check_num_speculative_tokens',
-           'write_num_speculative_tokens', 'vllm_serve_line', 'main', 'cli']
+           'write_num_speculative_tokens', 'vllm_serve_line', 'ExportCommand', 'parse_args', 'run_export', 'main',
+           'cli']
 
 # %% ../nbs/10_export.ipynb #c981e3eb
 from .config import ExpectedError
@@ -344,47 +345,35 @@ def vllm_serve_line(export_dir, target: str = "<target>",
     return f"vllm serve {target} --speculative-config '{spec}'{tp}"
 
 # %% ../nbs/10_export.ipynb #ed7ff82b
-def main(argv=None):
-    "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`"
-    from dflash_nb.commands import CliParser
+from typing import Literal
+from .config import opt, parse_cli
 
-    ap = CliParser(
-        prog="dflash_nb.export",
-        description="Export a trained DFlash drafter to the serving format (config.json + model.safetensors).",
-    )
-    ap.add_argument(
-        "--checkpoint", required=True, help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)"
-    )
-    ap.add_argument(
-        "--out", required=True, help="serving directory to write: new or empty, or a previous export with --overwrite"
-    )
-    ap.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace a previous drafter export in --out (other directories are never touched)",
-    )
-    ap.add_argument(
-        "--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="weight dtype (default: as trained)"
-    )
-    ap.add_argument(
-        "--with-modeling-code",
-        action="store_true",
-        help="also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
-        "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)",
-    )
-    ap.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=None,
-        metavar="K",
-        help="the k to serve with (1..block − 1, e.g. the best k of `dflash-eval --engine vllm "
-        "--num-speculative-tokens ...`): written into config.json and the printed `vllm serve` line",
-    )
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                    help="GPUs the target is split over when served: vLLM's --tensor-parallel-size N in the printed "
-                    "`vllm serve` line when N > 1 (default 1); nothing of it is written")
-    a = ap.parse_args(argv)
-    if a.tensor_parallel_size < 1: raise ExpectedError(f"--tensor-parallel-size {a.tensor_parallel_size}: must be >= 1")
+@dataclasses.dataclass(kw_only=True)
+class ExportCommand:
+    "What `dflash-export` takes: the checkpoint, the serving directory, and how to write it."
+    checkpoint: str = opt(help="trainer checkpoint dir, or a run / checkpoints dir (uses `latest`)")
+    out: str = opt(help="serving directory to write: new or empty, or a previous export with --overwrite")
+    overwrite: bool = opt(False, "replace a previous drafter export in --out (other directories are never touched)")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = opt(None, "weight dtype (None: as trained)")
+    with_modeling_code: bool = opt(
+        False, "also write modeling_dflash.py and auto_map, so AutoModel.from_pretrained(out, trust_remote_code=True) "
+        "returns the drafter (without it, plain AutoModel builds a Qwen3 decoder: a wrong model)")
+    num_speculative_tokens: int | None = opt(
+        None, "the k to serve with (1..block − 1, e.g. the best k of `dflash-eval --engine vllm "
+        "--num-speculative-tokens ...`): written into config.json and the printed `vllm serve` line", min=1)
+    tensor_parallel_size: int = opt(
+        1, "GPUs the target is split over when served: vLLM's --tensor-parallel-size N in the printed `vllm serve` "
+        "line when N > 1; nothing of it is written", min=1)
+
+def parse_args(argv=None) -> ExportCommand:
+    "The `ExportCommand` of a `dflash-export` command line."
+    about = "Export a trained DFlash drafter to the serving format (config.json + model.safetensors)."
+    return parse_cli(ExportCommand, argv, "dflash_nb.export", about=about, flags=True)
+
+
+# %% ../nbs/10_export.ipynb #83df6afd
+def run_export(a: ExportCommand) -> Path:
+    "Export what `a` names, print what was written and the `vllm serve` line; the serving directory."
     try:
         if a.num_speculative_tokens is not None:
             check_num_speculative_tokens(a.num_speculative_tokens, a.checkpoint)
@@ -402,6 +391,10 @@ def main(argv=None):
     )
     print(f"serve with: {vllm_serve_line(out, tensor_parallel_size=a.tensor_parallel_size)}")
     return out
+
+def main(argv=None):
+    "`python -m dflash_nb.export --checkpoint DIR --out DIR [--dtype bfloat16]`: `run_export` of the command line."
+    return run_export(parse_args(argv))
 
 
 # %% ../nbs/10_export.ipynb #45f1ddf4

