@@ -110,11 +110,11 @@ check-sync: install
 # notebooks export to dflash_nb/. nbdev lays out two things of each module itself: the docstring on line 1 (the
 # notebook's summary) and `__all__`; those lines are blanked before ruff reads the module, so line numbers still match.
 lint: install
-	$(VENV)/bin/ruff check kernels bench locks
+	$(VENV)/bin/ruff check kernels bench locks tests
 	@rc=0; for f in dflash_nb/*.py; do [ "$$f" = dflash_nb/_modidx.py ] && continue; \
 	  awk 'NR == 1 && /^"""/ {print ""; next} /^__all__ = \[/ {a = 1} a {print ""; if (/\]$$/) a = 0; next} {print}' "$$f" \
 	    | $(VENV)/bin/ruff check --quiet --stdin-filename "$$f" - || rc=1; done; \
-	[ $$rc = 0 ] && echo "lint: dflash_nb, kernels and bench clean"; exit $$rc
+	[ $$rc = 0 ] && echo "lint: dflash_nb, kernels, bench and tests clean"; exit $$rc
 	@# exported cells: the median at most 15 lines, a cell over 60 only when named with its reason
 	$(PY) tests/test_cell_sizes.py
 

@@ -26,7 +26,6 @@ Usage: python bench/attention.py [--out bench/results/attention.json] [--shapes 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics

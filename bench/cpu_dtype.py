@@ -17,7 +17,7 @@ Variants (overrides of `python -m dflash_nb.train`, the demo config):
 Writes bench/results/cpu_dtype.json (or --out).
 """
 from __future__ import annotations
-import argparse, json, os, platform, resource, subprocess, sys, tempfile, time
+import argparse, json, os, platform, subprocess, sys, tempfile, time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

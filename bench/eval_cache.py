@@ -19,7 +19,6 @@ Done when: snapshot's target tokens per committed token are flat from 1K to 4K, 
 Run: .venv/bin/python bench/eval_cache.py [--quick]   (writes bench/results/eval_cache.json; --quick: 256/1024 tokens)
 """
 import argparse
-import json
 import platform
 import sys
 import time

@@ -235,7 +235,6 @@ def step_speed(a, rec):
 
 # ---- c'. tile sweep --------------------------------------------------------------------------------------------------
 def step_sweep(a, rec):
-    import torch
     from attention import attention_inputs, make_backends, sweep
     dev = device_for(a.dry_run)
     c = FLAGSHIP if not a.dry_run else ATTN_CASES[True]["reduced"]

@@ -29,7 +29,7 @@ Usage: python bench/tokenization.py [--records 4000] [--files 8] [--shard-mb 2] 
 """
 from __future__ import annotations
 import sys, os
-import argparse, json, platform, shutil, tempfile, time
+import argparse, platform, shutil, tempfile, time
 from pathlib import Path
 
 from _common import write_json

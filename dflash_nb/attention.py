@@ -4,7 +4,7 @@
 
 # %% ../nbs/04a_attention.ipynb #dc73d0e1
 from __future__ import annotations
-import json, math, statistics, time, traceback
+import json, math, statistics, time
 from pathlib import Path
 from .config import patch
 import torch

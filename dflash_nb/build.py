@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from .config import ConfigError
 from .commands import check_device
+from .train_config import TargetConfig, TrainConfig   # chapter Train config: the annotations
 from .parallel import (   # chapter Parallel: a target split over a TP group
     layout, tp_mesh, load_target_tp, saved_tiny_target, plain_copy, is_split)
 

@@ -5,7 +5,7 @@
 # %% ../nbs/00a_config.ipynb #578e8fd3
 from __future__ import annotations
 import contextlib, dataclasses, math, re, types, typing, yaml, sys
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import field, fields, is_dataclass
 from pathlib import Path
 
 # %% auto #0

@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_export.ipynb #e588dd39
 from __future__ import annotations
-import argparse, contextlib, dataclasses, json, os, sys
+import contextlib, json, os, sys
 from pathlib import Path
 import torch
 from torch import nn
@@ -211,7 +211,6 @@ def load_exported_drafter(
     dtype: torch.dtype | None = None,  # None: the dtype stored in the file
 ):
     "A `DFlashDrafter` rebuilt from an exported directory and the target's embedding / lm_head."
-    from safetensors.torch import load_file
     from dflash_nb.model import DFlashDrafter
     cfg = read_exported_config(path)
     rows, width = embed_tokens.weight.shape
@@ -281,8 +280,6 @@ def _checkpoint_step(d: Path):
 # %% ../nbs/10_export.ipynb #e989a58c
 def checkpoint_weights(d: Path) -> dict:
     "The drafter's weights in a checkpoint (`drafter.safetensors`) or a serving dir (`model.safetensors`)."
-    from safetensors.torch import load_file
-
     for name in ("drafter.safetensors", "model.safetensors"):
         if (d / name).exists():
             return read_safetensors(d / name)
@@ -345,6 +342,7 @@ def vllm_serve_line(export_dir, target: str = "<target>",
     return f"vllm serve {target} --speculative-config '{spec}'{tp}"
 
 # %% ../nbs/10_export.ipynb #ed7ff82b
+import dataclasses
 from typing import Literal
 from .config import opt, parse_cli
 

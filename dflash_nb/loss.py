@@ -4,7 +4,6 @@
 
 # %% ../nbs/06_loss.ipynb #1419c83f
 from __future__ import annotations
-import math
 from typing import NamedTuple, Literal, Sequence
 import torch
 import torch.nn.functional as F

@@ -4,8 +4,8 @@
 
 # %% ../nbs/05_model.ipynb #4c6ef107
 from __future__ import annotations
-import math, typing
-from dataclasses import dataclass, fields, replace
+import math
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, Optional
 import torch
@@ -522,7 +522,6 @@ _SERVED_INTS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads
 def check_served_fields(d: dict, source: str):
     "Each size and id of a serving config.json (top level, `dflash_config`, our record) a whole number in range."
     from dflash_nb.config import ConfigError
-    import math
     for where, sec in (("", d), ("dflash_config.", d.get("dflash_config")), ("dflash_nb_drafter_config.",
                                                                             d.get("dflash_nb_drafter_config"))):
         if sec is None: continue

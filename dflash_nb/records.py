@@ -4,12 +4,12 @@
 
 # %% ../nbs/01a_records.ipynb #e503eb52
 from __future__ import annotations
-import dataclasses, hashlib, importlib.util, json, re, sys, typing
+import hashlib, importlib.util, json, re, typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import numpy as np
-from .config import opt, ConfigError, load_config, validate_config
+from .config import opt, ConfigError
 
 # %% auto #0
 __all__ = ['CONTENT_FIELDS', 'qwen3_tokenizer_dir', 'load_tokenizer', 'sha256_hex', 'chat_template_text', 'template_fingerprint',

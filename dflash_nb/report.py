@@ -65,7 +65,6 @@ def read_run(
     name: str | None = None,  # label in the table and the picture (default: the directory name)
 ) -> RunRecord:
     "Everything a run directory says about the run; missing or unreadable files become `problems`, never errors."
-    import yaml
     p = Path(path)
     rec = RunRecord(p, name or p.name or str(p))
     if not p.is_dir():

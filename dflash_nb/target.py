@@ -4,11 +4,11 @@
 
 # %% ../nbs/07a_target.ipynb #6525a761
 from __future__ import annotations
-import contextlib, functools, importlib.util, inspect, itertools, math, sys, warnings
+import contextlib, functools, importlib.util, inspect, itertools, sys, warnings
 from pathlib import Path
 import torch
 from torch import nn
-from .model import default_target_layer_ids   # the layer rule belongs to the drafter's config (chapter Model)
+from .model import default_target_layer_ids  # noqa: F401  re-exported: the layer rule belongs to chapter Model
 from .config import patch
 
 # %% auto #0

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08g_tracking.ipynb #5f51f922
 from __future__ import annotations
-import math, os
+import os
 from pathlib import Path
 from .config import ConfigError
 

@@ -4,16 +4,16 @@
 
 # %% ../nbs/11_train.ipynb #e7f39389
 from __future__ import annotations
-import contextlib, dataclasses, json, os, re, shutil, signal, sys, time
+import contextlib, dataclasses, json, os, shutil, signal, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 import torch
 import torch.distributed as dist
-from .config import opt, parse_cli, save_config, ConfigError, to_dict
+from .config import opt, parse_cli, ConfigError, to_dict
 from .commands import run_cli
 from .records import DataConfig
-from .regen import read_prompts, float32_on_cpu, regenerate
+from .regen import read_prompts, regenerate
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)

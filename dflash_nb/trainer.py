@@ -4,7 +4,7 @@
 
 # %% ../nbs/08h_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, json, os, signal, threading, time
+import contextlib, json, signal, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional

@@ -1,5 +1,5 @@
 """Shared helpers of the trainer tests: a small real tokenized data set, a tiny run config, subprocess runs."""
-import contextlib, json, multiprocessing, os, subprocess, sys, dataclasses
+import contextlib, json, multiprocessing, os, subprocess, sys
 from pathlib import Path
 import torch, yaml
 from safetensors.torch import load_file

@@ -4,7 +4,7 @@ module's `main` allows it; one real subprocess for the console-script names."""
 import json, shutil, subprocess, sys
 from pathlib import Path
 import pytest, torch
-from _trainer_common import TINY, make_data, train_cfg, train_dict, write_run_config, env, REPO
+from _trainer_common import TINY, make_data, train_cfg, train_dict, write_run_config, env
 from dflash_nb import data as data_mod, evaluate as ev, export as ex, train as train_mod
 from dflash_nb.config import ConfigError, apply_overrides
 from dflash_nb.commands import run_cli

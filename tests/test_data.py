@@ -1,5 +1,5 @@
 """Data pipeline (dflash_nb.data) with the real Qwen3 tokenizer: loss masks, audit, malformed input, determinism, resume."""
-import json, os, subprocess, sys, unicodedata
+import json, subprocess, sys, unicodedata
 from pathlib import Path
 
 import numpy as np

@@ -1,7 +1,7 @@
 """A data set knows what it is: its id covers its inputs (names, sizes, content), other inputs into its directory are
 refused unless --replace, a file this program did not write is never deleted, killed writes' temp files are cleaned,
 and every shard is checked against the manifest before training (real Qwen3 tokenizer, real CLI process)."""
-import json, shutil, subprocess, sys
+import shutil, subprocess, sys
 from pathlib import Path
 
 import pytest

@@ -1,13 +1,13 @@
 """Every input checked, every template setting recorded: chat_template_kwargs (Qwen3.6-style preserve_thinking), thinking off,
 fingerprints by tokenizer part, the dropped-record ceiling, input listing, bad lines, and an --out never destroyed (real Qwen3 tokenizer)."""
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dflash_nb import inputs as inputs_mod
-from dflash_nb.records import DataConfig, load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
+from dflash_nb.records import load_tokenizer, normalize_record, qwen3_tokenizer_dir, template_fingerprint
 from dflash_nb.inputs import InputError, list_inputs
 from dflash_nb.inputs import synthetic_records, write_jsonl
 from dflash_nb.shards import (CorruptFileError, DataAuditError, DataMismatchError, OutDirError, check_template,

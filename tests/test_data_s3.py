@@ -1,5 +1,5 @@
 """Data pipeline input from a real S3-compatible server (SeaweedFS on 127.0.0.1): listing, streaming, retries, identity with local."""
-import io, os, subprocess, sys
+import os, subprocess, sys
 from pathlib import Path
 
 import pytest

@@ -622,7 +622,7 @@ def test_cli_show_drafts(tmp_path, capsys):
     assert res["drafts"].count("--- sample ") == 2 and "drafts at temperature 1" in capsys.readouterr().out
 # ---------------------------------------------------------------- benchmark files as people have them
 from dflash_nb.prompts import read_prompt_specs, MultiTurn, detect_prompt_format
-from dflash_nb.evaluate import answer_turns, cli
+from dflash_nb.evaluate import cli
 import pyarrow as pa, pyarrow.parquet as pq
 
 # one record in each benchmark's published shape (the fields its public copies carry), reference answers included

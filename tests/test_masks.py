@@ -16,7 +16,6 @@ def rows(draw, max_docs=5, max_len=24, max_anchors=7):
     lens = draw(st.lists(st.integers(1, max_len), min_size=1, max_size=max_docs))
     pad = draw(st.integers(0, 4))
     doc = torch.tensor(sum(([d] * n for d, n in enumerate(lens)), []) + [-1] * pad, dtype=torch.long)
-    S = len(doc)
     n_real = sum(lens)
     N = draw(st.integers(1, max_anchors))
     anchors = torch.tensor(draw(st.lists(st.integers(0, n_real - 1), min_size=N, max_size=N)), dtype=torch.long).sort().values

@@ -36,7 +36,6 @@ def make_row(target, B, seed=0):
     """Two documents (12 and 3 tokens, the second shorter than a block) + 2 padding; anchors include a document start,
     a block running past its document's end, and a padded anchor."""
     g = torch.Generator().manual_seed(seed)
-    lens = [12, 3]
     doc_ids = torch.tensor([0] * 12 + [1] * 3 + [-1] * 2)
     input_ids = torch.randint(0, 151669, (17,), generator=g)
     position_ids = torch.tensor(list(range(12)) + list(range(3)) + [0, 0])

@@ -5,7 +5,7 @@ machine (`#| eval: false`, `#| gpu` without CUDA): no cell may fail (GPU-only ce
 skip on a CPU machine), nothing may be left behind in the repository or in the kernel's temp dir, and each chapter must
 finish within its time budget. What else differs under a kernel, the `__main__` guards of the CLIs (JupyterLab's kernel
 runs cells as `__main__` with `-f` in argv), is checked on every chapter's source."""
-import os, re, subprocess, time
+import re, subprocess, time
 from pathlib import Path
 
 import nbformat

@@ -3,7 +3,6 @@ the trainer's projected cost, reruns of the demo that just work, and outputs tha
 attention backend record, readable exports, error messages that fit the input and come in the order a user can act
 on)."""
 import contextlib, io, json, re, stat, subprocess, sys
-from pathlib import Path
 import pytest
 from _trainer_common import make_data, train_cfg, env, REPO
 

@@ -1,6 +1,6 @@
 """dflash-report: two demo-sized runs (the real trainer, via dflash_nb.train.run as dflash-train runs it) side by side:
 the table holds both runs' numbers from their files, the PNG decodes at the promised size, gaps are one line per run."""
-import json, os, subprocess, sys
+import json, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from PIL import Image

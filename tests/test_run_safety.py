@@ -1,11 +1,10 @@
 """Runs that cannot go wrong quietly: every size is checked before it is allocated, overrides are typed by their field,
 SIGTERM stops a command within a bounded time in any phase, and nothing non-finite leaves with exit 0. Real CLIs
 (in-process where no signal is involved), real subprocesses for SIGTERM, real tiny models."""
-import contextlib, io, json, math, signal, subprocess, sys, time
-from pathlib import Path
+import contextlib, io, json, signal, subprocess, sys, time
 import pytest, torch, yaml
 from _trainer_common import make_data, train_cfg, train_dict, write_run_config, env, REPO
-from dflash_nb.config import load_config, ConfigError
+from dflash_nb.config import load_config
 from dflash_nb.train import RunConfig, main as train_main
 from dflash_nb.trainer import train, NonFiniteError
 
@@ -105,7 +104,7 @@ def test_sigterm_in_a_step_that_never_ends(tmp_path, data_dir):
     cfg = write_run_config(tmp_path / "c.yaml", train_dict(tmp_path / "run", data_dir, steps=1, global_batch=100_000,
                                                            sigterm_wait_s=2, checkpoint={"every": 0}))
     proc = _popen(["--config", str(cfg)])
-    lines = _wait_for(proc, "training", 120)
+    _wait_for(proc, "training", 120)
     time.sleep(1)
     t0 = time.time()
     proc.send_signal(signal.SIGTERM)

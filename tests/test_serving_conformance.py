@@ -15,7 +15,7 @@ from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.decoding import speculative_generate
 from dflash_nb.export import export_drafter
 from dflash_nb.model import DFlashDrafter, DrafterConfig
-from dflash_nb.target import TargetFeatures, tiny_target
+from dflash_nb.target import tiny_target
 
 MASK_ID = 151669
 FP32_ATOL = 1e-5   # hidden states, fp32: float32 round-off, nothing more

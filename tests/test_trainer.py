@@ -1,7 +1,7 @@
 """The pipelined online trainer: overlap never changes results, DDP ranks == one rank, exact resume after
 SIGKILL, crash-safe checkpoints, non-finite steps, template guard, SIGTERM. Real processes, real tokenizer, no mocks
 beyond the trainer's own fault-injection switches."""
-import json, os, shutil, signal, subprocess, sys, time
+import json, shutil, signal, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
 from _trainer_common import (make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO)
@@ -39,8 +39,8 @@ def test_distillation_and_dpace_train(tmp_path, data_dir):
     plain = losses(Path(train(train_cfg(tmp_path / "ce", data_dir, steps=3, pipeline=False))["run_dir"]))
     runs = {}
     for mode in (True, False):
-        s = train(train_cfg(tmp_path / f"kd{int(mode)}", data_dir, steps=3, pipeline=mode,
-                            loss={"distill_weight": 0.5, "weighting": "dpace"}))
+        train(train_cfg(tmp_path / f"kd{int(mode)}", data_dir, steps=3, pipeline=mode,
+                        loss={"distill_weight": 0.5, "weighting": "dpace"}))
         runs[mode] = losses(tmp_path / f"kd{int(mode)}")
     assert sorted(runs[True]) == [1, 2, 3]
     for k in runs[True]: assert abs(runs[True][k] - runs[False][k]) <= 1e-6 * max(1, abs(runs[False][k]))
@@ -59,7 +59,7 @@ def test_data_order_one_rank_equals_two():
 def test_two_gloo_ranks_equal_one_rank(tmp_path, data_dir):
     "torchrun with 2 gloo ranks × 2 rows == 1 rank × 4 rows: same losses and same weights after N steps."
     with intra_op_threads(SUBPROCESS_THREADS):         # bitwise-close needs the subprocesses' thread count
-        one = train(train_cfg(tmp_path / "one", data_dir, steps=4, global_batch=4))
+        train(train_cfg(tmp_path / "one", data_dir, steps=4, global_batch=4))
     cfg = write_run_config(tmp_path / "two.yaml", train_dict(tmp_path / "two", data_dir, steps=4, global_batch=4))
     p = run_module(cfg, torchrun=2, timeout=400)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -76,7 +76,7 @@ def test_exact_resume_after_sigkill(tmp_path, data_dir):
     "N steps straight == N/2 steps, SIGKILL (real subprocess), resume, N/2 steps: same losses, same weights, same optimizer."
     N = 6
     with intra_op_threads(SUBPROCESS_THREADS):        # bitwise equality needs the subprocesses' thread count
-        straight = train(train_cfg(tmp_path / "straight", data_dir, steps=N, checkpoint={"every": N // 2}))
+        train(train_cfg(tmp_path / "straight", data_dir, steps=N, checkpoint={"every": N // 2}))
     cfg = write_run_config(tmp_path / "k.yaml", train_dict(tmp_path / "killed", data_dir, steps=N, checkpoint={"every": N // 2},
                                                          fault={"sigkill_at_step": N // 2 + 1}))
     p = run_module(cfg)

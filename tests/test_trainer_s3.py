@@ -1,7 +1,6 @@
 """Checkpoints to and from a real S3-compatible server (SeaweedFS on 127.0.0.1): background upload, resume from an
 s3:// URI, and an S3 outage mid-run that is retried, reported and never costs the local checkpoint."""
 import json, subprocess, sys, time
-from pathlib import Path
 import pytest, torch
 from _trainer_common import make_data, train_dict, write_run_config, losses, weights, latest, env, REPO
 from s3_server import S3Server

@@ -4,11 +4,11 @@ checkpoints reach S3 or the run says so. Real trainer, real files, real SeaweedF
 import json, os, pickle, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 import pytest, torch
-from _trainer_common import make_data, train_cfg, train_dict, write_run_config, run_module, losses, weights, latest, env, REPO
+from _trainer_common import make_data, train_cfg, train_dict, write_run_config, run_module, latest, env, REPO
 from dflash_nb import s3sync
 from dflash_nb.train_config import lr_factor
 from dflash_nb.trainer import train
-from dflash_nb.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, CheckpointError, RunLock, rng_state
+from dflash_nb.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, CheckpointError, rng_state
 from dflash_nb.s3sync import S3Uploader, download_checkpoint
 
 
