@@ -479,6 +479,7 @@ def _is(tp, kinds: tuple) -> bool:
 
 # %% ../nbs/00a_config.ipynb #34dffec4
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0")
+_KEY_SHAPE = re.compile(r"[A-Za-z_][\w-]*(\.[A-Za-z_][\w-]*)*")   # `train.steps`, `max-seq-len`: what a key looks like
 
 def _cli_value(raw: str, flag: str):
     "A `--flag`'s value read as YAML (`3`, `true`, `[1, 2]`, `null`), or kept as text where it is not YAML."
@@ -492,7 +493,10 @@ def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
     """(the `--config` file or None, [(field path, value, the flag as typed)]) of `argv`; bare words go to the list
     field `words` (none: a bare word is an error)."""
     path, pairs, lists, i = None, [], {}, 0
-    is_key = lambda a: a.startswith("--") or ("=" in a and _field_at(cls, a.split("=", 1)[0])[1] is not None)
+    def is_key(a):   # `--flag`; `name=value` naming a field, or shaped like a key and not a file (a typo, named below)
+        name = a.split("=", 1)[0]
+        if a.startswith("--") or "=" in a and _field_at(cls, name)[1] is not None: return True
+        return "=" in a and bool(_KEY_SHAPE.fullmatch(name)) and (words is None or not Path(a).exists())
     def add(key, value, flag, listed=False):
         if listed and key in lists: return lists[key].extend(value)   # a list flag given twice: its words add up
         if listed: lists[key] = value

@@ -143,8 +143,9 @@ def test_exported_files_are_readable_by_others(demo_twice):
 
 
 def test_missing_target_is_named_before_the_tokenizer():
-    "With neither the target nor its tokenizer present, the first error is the target, the thing to fix first."
-    rc, _, err = _main("--config", str(REPO / "configs" / "qwen3-8b-1gpu.yaml"))
+    """With neither the target nor its tokenizer present, the first error is the target, the thing to fix first (the
+    config's CUDA devices moved to the CPU: on a machine without that GPU the devices are named first, before any path)."""
+    rc, _, err = _main("--config", str(REPO / "configs" / "qwen3-8b-1gpu.yaml"), "train.devices=[[cpu, cpu]]")
     assert rc == 2 and err.strip().splitlines()[-1].startswith("python -m dflash_nb.train: error: train.target.path "), err
     assert "tokenizer" not in err.splitlines()[-1]
 

@@ -222,13 +222,19 @@ def test_parent_killed_then_worker_hung_mid_generation(small, tmp_path):
     args, d = small
     tmp, out = tmp_path / ("t" * 60), tmp_path / "out"
     tmp.mkdir()
+    # 32 prompts, not the fixture's 8: a shard takes the tiny engine a few ms, so with 8 the second run could finish
+    # between two looks at its manifest on a loaded machine (a CI run saw it write all 5 it had left before the SIGSTOP)
+    n, prompts = 32, tmp_path / "p32.jsonl"
+    prompts.write_text("".join((demo_data_dir() / "prompts.jsonl").read_text().splitlines(keepends=True)[:n]))
+    rc, said, _ = run_main(*args(tmp_path / "whole", prompts=prompts))
+    assert rc == 0 and f"{n} of {n} shards done" in said, said
     env = {**ENV, "TMPDIR": str(tmp), "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
     started = []                                                       # (run, its worker): stopped at the end
 
     def start_and_wait(more_than: int):
         "The run, once it has written more than `more_than` shards: (it, its worker, group, shm files, TMPDIR)."
         p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm", "--worker-timeout",
-                                                                         "30"))], env=env,
+                                                                         "30", prompts=prompts))], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started.append((p, None))
         assert wait_for(lambda: len(listed(out)) > more_than, p, timeout=600, poll=0.002), p.communicate()[1][-3000:]
@@ -256,17 +262,17 @@ def test_parent_killed_then_worker_hung_mid_generation(small, tmp_path):
         stdout, err = p.communicate(timeout=120)
         waited = time.time() - t_fault
         done = listed(out)
-        assert first < len(done) < 8 and f"{first} of 8 shards done" in stdout, (first, done, stdout)
+        assert first < len(done) < n and f"{first} of {n} shards done" in stdout, (first, done, stdout)
         lines = [l for l in err.splitlines() if not l.startswith("starting vLLM on")]   # the stage lines, then one
         assert p.returncode == 2 and len(lines) == 1, err
         assert lines[0].startswith("dflash-regen: error: the vLLM worker did not answer 'generate' within 30 s"), err
-        assert lines[0].endswith(f"; last shard written: shard-{done[-1]:05d}.jsonl ({len(done)} of 8 done in {out}); "
+        assert lines[0].endswith(f"; last shard written: shard-{done[-1]:05d}.jsonl ({len(done)} of {n} done in {out}); "
                                  "rerun to resume"), err
         assert waited < 30 + 20, waited                                # the timeout, then the group killed
         assert not os.path.exists(f"/proc/{w}") and group_members(w) == [], group_members(w)   # reaped, all of it
         assert not wtmp.exists() and not [f for f in held if os.path.exists(f)], (wtmp.exists(), held)
         assert hidden(out) == []                                       # no temp file, the lock given back
-        whole = shards(d / "whole")
+        whole = shards(tmp_path / "whole")
         assert shards(out) == {k: whole[k] for k in shards(out)} and len(shards(out)) == len(done)
     finally:
         for p, w in started:
