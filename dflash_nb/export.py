@@ -8,7 +8,7 @@ import contextlib, json, os, sys
 from pathlib import Path
 import torch
 from torch import nn
-from .storage import atomic_dir, read_json
+from .storage import atomic_dir, clear_of_inputs, read_json
 from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
 
 
@@ -298,6 +298,7 @@ def export_checkpoint(
 
     check_export_dir(out_dir, overwrite)  # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
+    clear_of_inputs(out_dir, {"--checkpoint": [d]})   # never into the checkpoint it reads, nor around it
     cfg = checkpoint_drafter_config(d)
     sd = {k.removeprefix("module."): v for k, v in checkpoint_weights(d).items()}
     _check_shapes(sd, cfg)

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.ipc
 import dataclasses
 from .config import ConfigError, ExpectedError, to_dict, validate_config
-from .storage import (atomic_writer, atomic_write_text, checked_path, inside_dir, own_temps, plain_name,
-                               read_json)
+from .storage import (atomic_writer, atomic_write_text, checked_path, clear_of_inputs, inside_dir, own_temps,
+                               plain_name, read_json)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
@@ -475,17 +475,9 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
 
 # %% ../nbs/01c_shards.ipynb #0dc82864
 def _clear_of_inputs(specs, files, out_dir):
-    "Refuse an `out_dir` holding an input file or lying in an input directory: the run would write where it reads."
-    out = os.path.realpath(out_dir)
-    inside = lambda p, d: p == d or p.startswith(d.rstrip(os.sep) + os.sep)
-    for f in files:
-        if not f.uri.startswith("s3://") and inside(os.path.realpath(f.uri), out):
-            raise ConfigError(f"input {f.uri} lies in --out {out_dir}: a command never writes where it reads; pick "
-                              "another --out (nothing was written)")
-    for s in map(str, [specs] if isinstance(specs, (str, Path)) else specs):
-        if not s.startswith("s3://") and os.path.isdir(s) and inside(out, os.path.realpath(s)):
-            raise ConfigError(f"--out {out_dir} lies in input directory {s}: a command never writes where it reads; "
-                              "pick another --out (nothing was written)")
+    "Refuse an `out_dir` holding an input file or lying in an input directory (storage's one rule, `clear_of_inputs`)."
+    dirs = [s for s in map(str, [specs] if isinstance(specs, (str, Path)) else specs) if os.path.isdir(s)]
+    clear_of_inputs(out_dir, {"input": [f.uri for f in files] + dirs})
 
 # %% ../nbs/01c_shards.ipynb #2ecc06d7
 def _manifest(ds: str, fps: dict, parts: dict, tkw: dict, cfg: DataConfig, ins: list, ordered: list[dict],

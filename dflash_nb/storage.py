@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib, os, re, shutil, stat
 from pathlib import Path
 from typing import Optional
-from .config import ExpectedError, read_document
+from .config import ConfigError, ExpectedError, read_document
 
 # %% auto #0
 __all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'own_temps', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes',
-           'atomic_dir', 'UnsafePathError', 'plain_name', 'checked_path', 'inside_dir', 'read_json', 'split_s3',
-           's3_client']
+           'atomic_dir', 'UnsafePathError', 'plain_name', 'checked_path', 'inside_dir', 'read_json', 'within',
+           'clear_of_inputs', 'split_s3', 's3_client']
 
 # %% ../nbs/00b_storage.ipynb #36e250a1
 def fsync_file(path):
@@ -140,6 +140,23 @@ def inside_dir(base, name, where: str, kind: str = "file") -> Path:   # where: t
 def read_json(path, within=None):   # within: as in `checked_path`
     "The JSON document at `path`: a checked regular file, parsed within the document limits (chapter Config)."
     return read_document(checked_path(path, within=within), "json")
+
+# %% ../nbs/00b_storage.ipynb #52672241
+def within(p, d) -> bool:
+    "True when path `p` is `d` or lies below it, links resolved (neither needs to exist); an s3:// URI never."
+    if str(p).startswith("s3://") or str(d).startswith("s3://"): return False
+    p, d = os.path.realpath(p), os.path.realpath(d)
+    return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
+
+def clear_of_inputs(out, inputs: dict, out_flag: str = "--out"):   # inputs: {flag or key: [paths it read]}
+    "ConfigError unless `out` is none of `inputs`, holds none of them and lies inside none of them."
+    for flag, paths in inputs.items():
+        for p in map(str, paths):
+            what = (f"{out_flag} {out} is {flag} {p}" if within(p, out) and within(out, p) else
+                    f"{flag} {p} lies in {out_flag} {out}" if within(p, out) else
+                    f"{out_flag} {out} lies in {flag} {p}" if within(out, p) else None)
+            why = f"a command never writes where it reads; pick another {out_flag} (nothing was written)"
+            if what: raise ConfigError(f"{what}: {why}")
 
 # %% ../nbs/00b_storage.ipynb #e3094bd7
 def split_s3(uri: str) -> tuple[str, str]:

@@ -21,6 +21,7 @@ from .parallel import layout, collective_error   # chapter Parallel: a split tar
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError
 from .checkpoint import checkpoints_held
+from .storage import within
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'keep_freed_memory',
@@ -145,6 +146,11 @@ def check_run(cfg: RunConfig):
         raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
                           f"(the target's checkpoint: config.json + weights)")
     tokenizer = load_tokenizer(tokenizer_dir(tc.target))
+    for key, read in (("train.data_dir", tc.data_dir), ("evaluate.data_dir", cfg.evaluate.data_dir),
+                      ("train.target.path", tc.target.path), ("train.init_from", tc.init_from)):
+        if read and within(tc.run_dir, read):   # checkpoints and the export would land among what the run reads
+            why = "a run never writes where it reads; pick another train.run_dir"
+            raise ConfigError(f"train.run_dir {tc.run_dir} lies in {key} {read}: {why}")
     if rg.prompts and tc.target.tp_size > 1:   # rank 0 alone would generate, but a split target runs as a group
         raise ConfigError(f"regenerate.prompts with train.target.tp_size={tc.target.tp_size}: a split target does not "
                           f"regenerate inside a training run; run dflash-regen --engine vllm --tensor-parallel-size "

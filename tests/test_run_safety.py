@@ -371,3 +371,31 @@ def test_export_refuses_broken_checkpoints(tmp_path, checkpoint, fault, says):
                        *(["--dtype", "float16"] if fault == "fp16" else [])])
     assert rc == 2 and len(err.strip().splitlines()) == 1 and says in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["inside", "same"])
+def test_export_never_writes_into_its_checkpoint(tmp_path, checkpoint, where):
+    "--out inside (or equal to) the checkpoint it reads: one line, exit 2, the checkpoint as it was."
+    import shutil
+    ck = tmp_path / "step-00000001"
+    shutil.copytree(checkpoint, ck)
+    before = sorted(p.name for p in ck.iterdir())
+    out = ck / "drafter" if where == "inside" else ck
+    rc, err = _export(["--checkpoint", str(ck), "--out", str(out), "--overwrite"])
+    said = f"--out {out} lies in --checkpoint {ck}" if where == "inside" else "is not a drafter export"
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and said in err, err
+    assert sorted(p.name for p in ck.iterdir()) == before
+
+
+@pytest.mark.parametrize("key", ["evaluate.data_dir", "train.init_from", "train.data_dir"])
+def test_train_run_dir_never_inside_what_it_reads(tmp_path, monkeypatch, key):
+    "A run dir inside a directory the run reads (its data, held-out data, a warm start): one line, nothing written."
+    monkeypatch.chdir(tmp_path)
+    read = tmp_path / "read"
+    read.mkdir()
+    (read / "keep.txt").write_text("x")
+    more = ["regenerate.prompts=null", f"train.data_dir={read}"] if key == "train.data_dir" else []
+    rc, err = cli(train_main, [f"{key}={read}", f"train.run_dir={read / 'run'}", *more])
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"train.run_dir {read / 'run'} lies in {key} {read}: a run never writes where it reads" in err, err
+    assert sorted(p.name for p in read.iterdir()) == ["keep.txt"]
