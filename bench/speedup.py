@@ -21,6 +21,14 @@
 3. τ curve (--curve): the held-out τ and per-slot acceptance of every checkpoint the run kept (the decoding walk on
    `--curve-samples` samples of the tokenized held-out data), with the training tokens seen by then (metrics.jsonl).
 
+4. Fit (--fit): the same sweep with an untrained drafter of the same shape (τ ≈ 1) gives the cost of one speculative
+   step in plain steps per cell, c(k, batch) = τ · plain tok/s / with tok/s, a property of the machine and vLLM; the
+   trained drafter's speed-up is predicted as τ / c (from vLLM's τ, and from the held-out walk's τ(k) of a curve
+   step) and set against what vLLM measured. --serve-dtypes float32 bfloat16 sweeps each.
+
+    python bench/speedup.py --run R --target T --drafter EXPORT --prompts HELD_OUT.jsonl --heldout DATA --no-cost \
+        --fit --serve-dtypes float32 bfloat16 --k 1 2 3 4 --batch 1 4 16 --out bench/results/speedup-cpu.json
+
 Writes bench/results/speedup-cpu.json (or --out) after each part.
 """
 from __future__ import annotations
@@ -171,19 +179,64 @@ def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: st
     return rows
 
 
-def sweep(run_dir: Path, target: Path, ks, batches, dtype: str, max_new_tokens: int, max_prompts: int,
-          tmp: Path, threads: int | None = None) -> tuple[dict, list]:
-    "The real console script's sweep on the run's held-out prompts; its JSON and the command."
-    from serving import eval_cmd, heldout_prompts
-    prompts, n, leaks, kwargs = heldout_prompts(run_dir, tmp)
+def sweep_prompts(run_dir: Path, prompts: str | None, heldout: Path | None, tmp: Path) -> tuple[Path, dict, dict]:
+    "(prompt file, its template kwargs, what it is): `prompts` as given, else the run's held-out answers removed."
+    if prompts:   # a prompt file of its own (no answers in it): the template kwargs of the tokenized held-out data
+        man = heldout / "manifest.json" if heldout else None
+        kwargs = (json.loads(man.read_text()).get("template_kwargs") or {}) if man and man.exists() else {}
+        return Path(prompts), kwargs, {"prompt_file": Path(prompts).name}
+    from serving import heldout_prompts
+    path, n, leaks, kwargs = heldout_prompts(run_dir, tmp)
     print(f"{n} held-out prompts, {leaks} of them holding their reference answer's text (recorded, not dropped)")
-    cmd = eval_cmd(target, run_dir, prompts, max_new_tokens, kwargs, tmp / "eval.json", "--max-prompts",
+    return path, kwargs, {"prompts_holding_answer": leaks}
+
+
+def sweep(run_dir: Path, target: Path, drafter: Path, prompts: tuple, ks, batches, dtype: str, max_new_tokens: int,
+          max_prompts: int, tmp: Path, threads: int | None = None) -> tuple[dict, list]:
+    "The real console script's sweep of `drafter` on the held-out `prompts` (`sweep_prompts`); its JSON and command."
+    from serving import eval_cmd
+    path, kwargs, about = prompts
+    cmd = eval_cmd(target, run_dir, path, max_new_tokens, kwargs, tmp / "eval.json", "--max-prompts",
                    str(max_prompts), "--dtype", dtype, "--num-speculative-tokens", *map(str, ks), "--batch-size",
                    *map(str, batches))
+    cmd[cmd.index("--drafter") + 1] = str(drafter)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     res = json.loads((tmp / "eval.json").read_text())
-    return {**res["vllm_sweep"], "prompts_holding_answer": leaks}, [c.replace(str(tmp), "$TMP") for c in cmd]
+    return {**res["vllm_sweep"], **about}, [c.replace(str(tmp), "$TMP") for c in cmd]
+
+
+def untrained_like(drafter: Path, target: Path, out: Path, seed: int = 0) -> Path:
+    "An export of `drafter`'s shape with fresh init weights: a drafter that is almost never right, whose cost is timed."
+    import torch
+    from dflash_nb.evaluate import load_drafter_dir, load_target_spec
+    from dflash_nb.export import export_drafter
+    d = load_drafter_dir(drafter, load_target_spec(str(target), device="cpu", dtype=torch.float32))
+    torch.manual_seed(seed)
+    d.reset_parameters()
+    return Path(export_drafter(d, out_dir=out))
+
+
+def fit_costs(trained: dict, untrained: dict, walk_per_position: list | None) -> list[dict]:
+    """Per sweep cell: the cost of one speculative step in plain steps, c(k, batch) = τ · plain tok/s / with tok/s,
+    fitted on the untrained drafter's sweep (c is the machine's and vLLM's, not the drafter's), and the speed-up it
+    predicts for the trained drafter, τ / c, from vLLM's τ and from the held-out walk's τ(k), against the measured."""
+    cost = {(c["k"], c["batch"]): c["tau"] * c["plain_tokens_per_s"] / c["tokens_per_s"] for c in untrained["cells"]}
+    rows = []
+    for c in trained["cells"]:
+        if (step := cost.get((c["k"], c["batch"]))) is None: continue
+        row = dict(k=c["k"], batch=c["batch"], step_cost=step, break_even_tau=step, tau=c["tau"],
+                   measured_speedup=c["speedup"], predicted_speedup=c["tau"] / step,
+                   error=c["tau"] / step / c["speedup"] - 1)
+        if walk_per_position and c["k"] <= len(walk_per_position):
+            row["walk_tau"] = 1 + sum(walk_per_position[:c["k"]])
+            row["predicted_from_walk"] = row["walk_tau"] / step
+        rows.append(row)
+        print(f"k {row['k']} batch {row['batch']}: step cost {step:.2f} plain steps, predicted "
+              f"{row['predicted_speedup']:.2f}x, measured {row['measured_speedup']:.2f}x ({100 * row['error']:+.0f}%)"
+              + (f"; from the walk's τ {row['walk_tau']:.2f}: {row['predicted_from_walk']:.2f}x" if "walk_tau" in row
+                 else ""), flush=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -191,8 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--run", default=str(ROOT / "runs" / "smollm2"),
                     help="finished training run (drafter/, report.json)")
     ap.add_argument("--target", default=str(ROOT / "models" / "smollm2"), help="the target's model directory")
-    ap.add_argument("--drafter", default=None, help="the drafter whose cost is timed (default: the run's export; "
-                    "its weights do not change the time, its shape does)")
+    ap.add_argument("--drafter", default=None, help="the drafter served in the sweep and timed by the cost model "
+                    "(default: the run's export)")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], help="cost model dtypes")
     ap.add_argument("--context", type=int, default=256, help="tokens in the KV cache while a step is timed")
     ap.add_argument("--repeats", type=int, default=9)
@@ -200,7 +253,13 @@ def main(argv=None) -> int:
                     help="torch threads for the cost timing (default: torch's; 1 where other work oversubscribes)")
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 7], help="num_speculative_tokens to sweep")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--serve-dtype", default="bfloat16", help="the dtype vLLM serves in")
+    ap.add_argument("--serve-dtypes", nargs="+", default=["bfloat16"], help="the dtypes vLLM serves in, a sweep each")
+    ap.add_argument("--prompts", default=None, help="held-out prompt file for the sweep (default: the run's "
+                    "held-out conversations, answers removed)")
+    ap.add_argument("--fit", action="store_true", help="also sweep an untrained drafter of the same shape and fit "
+                    "the cost of a speculative step to it (predicted against measured, per cell)")
+    ap.add_argument("--curve-step", type=int, default=None, help="the τ curve step whose walk acceptance predicts "
+                    "the sweep (default: the last)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--max-prompts", type=int, default=16, help="held-out prompts served in every cell")
     ap.add_argument("--no-sweep", action="store_true", help="the cost model only")
@@ -222,6 +281,7 @@ def main(argv=None) -> int:
            "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
     pp = trained["per_position"] or []
+    if prev.get("tau_curve"): out["tau_curve"] = prev["tau_curve"]   # kept from --out unless measured again
     if a.curve:
         heldout = Path(a.heldout or run_dir / "data" / "heldout")
         out["tau_curve"] = tau_curve(run_dir, a.target, heldout, a.curve_samples)
@@ -237,18 +297,29 @@ def main(argv=None) -> int:
             print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
                   f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)
     if not a.no_sweep:
+        drafter = Path(a.drafter or run_dir / "drafter").resolve()
+        curve = {r["step"]: r for r in out.get("tau_curve") or prev.get("tau_curve") or []}
+        walk = curve.get(a.curve_step if a.curve_step is not None else max(curve, default=None), {})
         with tempfile.TemporaryDirectory(prefix="dflash_nb-speedup-") as tmp:
-            out["load_sweep_start"] = load()
-            sw, cmd = sweep(run_dir, target, a.k, a.batch, a.serve_dtype, a.max_new_tokens, a.max_prompts,
-                            Path(tmp), a.threads)
-        out["sweep"], out["sweep_command"] = sw, cmd
-        pred = {p["k"]: p for p in out["cost_model"].get(a.serve_dtype, {}).get("predicted", [])}
-        for c in sw["cells"]:
-            if c["k"] in pred: c["predicted_speedup"] = pred[c["k"]]["predicted_speedup"]
-        out["best"] = sw["best"]
-        b = sw["best"]
-        print(f"best cell: k {b['k']}, batch {b['batch']}: {b['plain_tokens_per_s']:.1f} -> {b['tokens_per_s']:.1f} "
-              f"tok/s = {b['speedup']:.2f}x (τ {b['tau']:.3f})")
+            tmp = Path(tmp)
+            prompts = sweep_prompts(run_dir, a.prompts, Path(a.heldout) if a.heldout else None, tmp)
+            for dt in a.serve_dtypes:
+                out.setdefault("sweeps", {})[dt] = got = {"load_start": load()}
+                got["trained"], out["sweep_command"] = sweep(run_dir, target, drafter, prompts, a.k, a.batch, dt,
+                                                             a.max_new_tokens, a.max_prompts, tmp, a.threads)
+                if a.fit:
+                    blank = untrained_like(drafter, target, tmp / "untrained")
+                    got["untrained"], _ = sweep(run_dir, target, blank, prompts, a.k, a.batch, dt, a.max_new_tokens,
+                                                a.max_prompts, tmp, a.threads)
+                    got["fit"] = fit_costs(got["trained"], got["untrained"], walk.get("per_position"))
+                    got["fit_walk_step"] = walk.get("step")
+                got["load_end"] = load()
+                write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
+        first = out["sweeps"][a.serve_dtypes[0]]["trained"]
+        out["sweep"], out["best"] = first, first["best"]
+        b = first["best"]
+        print(f"best cell ({a.serve_dtypes[0]}): k {b['k']}, batch {b['batch']}: {b['plain_tokens_per_s']:.1f} -> "
+              f"{b['tokens_per_s']:.1f} tok/s = {b['speedup']:.2f}x (τ {b['tau']:.3f})")
     out["load_end"], out["wall_s"] = load(), round(time.perf_counter() - t0, 1)
     print("wrote", write_json(a.out, out))
     return 0
