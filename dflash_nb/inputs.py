@@ -114,8 +114,8 @@ def _regen_listed(d: Path) -> Optional[set]:
     if not (isinstance(m.get("prompts"), int) and isinstance(size, int) and size > 0 and isinstance(shards, dict)):
         raise InputError(f"input {d}: {REGEN_MANIFEST} is not a dflash-regen manifest; rerun dflash-regen there")
     if (part := m.get("part") or [0, 1]) != [0, 1]:
-        raise InputError(f"input {d}: part {part[0]} of {part[1]} of a dflash-regen run (--shard-index); merge the "
-                         "parts with dflash-regen --merge and read the merged directory")
+        raise InputError(f"input {d}: part {part[0]} of {part[1]} of a dflash-regen run (--shard-index); "
+                         "merge the parts with dflash-regen --merge and read the merged directory")
     names = {f"shard-{j:05d}.jsonl" for j in range(-(-m["prompts"] // size))}
     done = [n for n in names if f"{int(n[6:11])}" in shards and (d / n).is_file()]
     if m.get("merging") or len(done) < len(names):

@@ -134,8 +134,8 @@ def _jsonl_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BY
 
 # %% ../nbs/01e_prompts.ipynb #ef75455d
 def _too_much(p: Path, where: str, cap: int) -> Exception:
-    return PromptFileError(f"{p}: {where}: the records read reach {cap >> 20} MiB, more than a "
-                           "prompt file holds; pass --max-prompts to read only the first ones")
+    return PromptFileError(f"{p}: {where}: the records read reach {cap >> 20} MiB, "
+                           "more than a prompt file holds; pass --max-prompts to read only the first ones")
 
 # %% ../nbs/01e_prompts.ipynb #62ad3b2d
 MAX_PARQUET_GROUP_VALUES = 1 << 24   # leaf values in one row group: reading it allocates for every one
@@ -177,8 +177,8 @@ def _check_group(p: Path, pf, g: int, room: int | None):   # room: bytes left of
     cols = [md.column(j) for j in range(md.num_columns)]
     values, raw = sum(c.num_values for c in cols), sum(c.total_uncompressed_size for c in cols)
     if values > MAX_PARQUET_GROUP_VALUES or (room is not None and raw > room):
-        raise PromptFileError(f"{p}: row group {g} holds {values:,} values in {raw:,} bytes, more than a prompt file "
-                              f"holds (at most {MAX_PARQUET_GROUP_VALUES:,} values"
+        raise PromptFileError(f"{p}: row group {g} holds {values:,} values in {raw:,} bytes, "
+                              f"more than a prompt file holds (at most {MAX_PARQUET_GROUP_VALUES:,} values"
                               + (f", {room:,} bytes left of the file's cap" if room is not None else "")
                               + "); rewrite it with smaller row groups")
 
@@ -298,8 +298,8 @@ def _check_text(obj):
     from dflash_nb.records import RecordError
     try: json.dumps(obj, ensure_ascii=False).encode()
     except UnicodeEncodeError as e:
-        raise RecordError("bad_text", f"a lone surrogate \\u{ord(e.object[e.start]):04x} in the text: not a character "
-                                      "a tokenizer can encode") from None
+        raise RecordError("bad_text", f"a lone surrogate \\u{ord(e.object[e.start]):04x} in the text: "
+                                      "not a character a tokenizer can encode") from None
 
 # %% ../nbs/01e_prompts.ipynb #aa77a6a9
 def read_prompt_file(

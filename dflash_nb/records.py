@@ -47,8 +47,8 @@ def load_tokenizer(path):
     except (OSError, ValueError) as err:
         raise ConfigError(f"tokenizer {name}: cannot load it: {' '.join(str(err).split())[:300]}") from None
     if not isinstance(tok, PreTrainedTokenizerFast):
-        raise ConfigError(f"tokenizer {name}: need a fast tokenizer (tokenizer.json) for offset mapping, got "
-                          f"{type(tok).__name__}")
+        raise ConfigError(f"tokenizer {name}: need a fast tokenizer (tokenizer.json) for offset mapping, "
+                          f"got {type(tok).__name__}")
     return tok
 
 # %% ../nbs/01a_records.ipynb #0438c2d4
@@ -62,8 +62,8 @@ def chat_template_text(tokenizer) -> str:
     t = tokenizer.chat_template
     if isinstance(t, dict): t = t.get("default")
     if not isinstance(t, str) or not t:
-        raise ConfigError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; the data "
-                          "pipeline renders with the target's own template")
+        raise ConfigError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template; "
+                          "the data pipeline renders with the target's own template")
     return t
 
 # %% ../nbs/01a_records.ipynb #86b27e0e
@@ -176,19 +176,19 @@ def _rename(d: dict, field_map: dict) -> dict:
 
 # %% ../nbs/01a_records.ipynb #2a35cb16
 def _message(m, i: int, field_map: dict, role_map: dict, roles=None) -> dict:
-    if not isinstance(m, dict): raise RecordError("wrong_type", f"messages[{i}] must be an object, got "
-                                                                f"{type(m).__name__}")
+    if not isinstance(m, dict): raise RecordError("wrong_type", f"messages[{i}] must be an object, "
+                                                                f"got {type(m).__name__}")
     m = _rename(m, field_map)
     role = m.get("role")
     if role is None: raise RecordError("missing_field", f"messages[{i}] has no role")
-    if not isinstance(role, str): raise RecordError("wrong_type", f"messages[{i}].role must be a string, got "
-                                                                  f"{type(role).__name__}")
+    if not isinstance(role, str): raise RecordError("wrong_type", f"messages[{i}].role must be a string, "
+                                                                  f"got {type(role).__name__}")
     role = role_map.get(role, role)
     if roles and role not in roles:
         raise RecordError("unknown_role", f"messages[{i}].role {role[:40]!r} is not one the template renders "
                                           f"({', '.join(roles)}); map it with DataConfig.role_map")
-    if "content" not in m and not m.get("tool_calls"): raise RecordError("missing_field", f"messages[{i}] has no "
-                                                                                          "content")
+    if "content" not in m and not m.get("tool_calls"):
+        raise RecordError("missing_field", f"messages[{i}] has no content")
     content = m.get("content")
     out = {k: v for k, v in m.items() if k not in _REASONING_KEYS}
     out["role"], out["content"] = role, "" if content is None else _text(content, f"messages[{i}].content")
@@ -211,16 +211,16 @@ def normalize_messages(msgs, field_map: dict, role_map: dict, roles=None) -> lis
 def normalize_record(rec, field_map: dict | None = None, role_map: dict | None = None, roles=None) -> list[dict]:
     "The conversation in `rec` (any of the three shapes) as messages whose assistant turns carry `reasoning_content`."
     field_map, role_map = field_map or {}, role_map or {}
-    if not isinstance(rec, dict): raise RecordError("wrong_type", "record must be a JSON object, got "
-                                                                  f"{type(rec).__name__}")
+    if not isinstance(rec, dict): raise RecordError("wrong_type", "record must be a JSON object, "
+                                                                  f"got {type(rec).__name__}")
     rec = _rename(rec, field_map)
     comp_key = next((k for k in _COMPLETION_KEYS if k in rec), None)
     if comp_key is None and "messages" in rec:                        # shape 1: OpenAI chat
         msgs = normalize_messages(rec["messages"], field_map, role_map, roles)
     else:                                                             # shape 2 (and 3): flat fields
         prompt = rec.get("prompt", rec.get("messages"))
-        if prompt is None: raise RecordError("missing_field", "no prompt/messages field (see DataConfig.field_map for "
-                                                              "other names)")
+        if prompt is None: raise RecordError("missing_field", "no prompt/messages field "
+                                                              "(see DataConfig.field_map for other names)")
         if comp_key is None: raise RecordError("missing_field", f"no completion field ({'/'.join(_COMPLETION_KEYS)})")
         msgs = (
             [{"role": "user", "content": prompt}]
@@ -265,8 +265,8 @@ class ChatRenderer:
         "(full text, start, end): characters [start, end) of the text are what the model generates in the last turn."
         prompt, full = self.render(msgs[:-1], add_generation_prompt=True), self.render(msgs)
         if not full.startswith(prompt):
-            raise RecordError("template_error", "the rendered prompt with generation prompt is not a prefix of the "
-                                                "rendered conversation")
+            raise RecordError("template_error",
+                              "the rendered prompt with generation prompt is not a prefix of the rendered conversation")
         end = full.rfind(self.end_of_turn, len(prompt))
         if end < 0: raise RecordError("template_error", f"no {self.end_of_turn!r} after the generation prompt")
         for i, m in enumerate(msgs):      # a message whose text is not in the rendering was dropped by the template

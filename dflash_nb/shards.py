@@ -462,14 +462,12 @@ def _claim_out_dir(out_dir: Path, ds: str, replace: bool) -> list[Path]:
         ours.append(p)
     others = ids - {ds}
     if unknown:   # never deleted nor overwritten, whatever its name: it may be someone's
-        raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data (or is "
-                          "damaged); "
-                          f"choose another directory or move it away yourself")
+        raise OutDirError(f"--out {out_dir}: {unknown[0].name} was not written by python -m dflash_nb.data "
+                          "(or is damaged); choose another directory or move it away yourself")
     if others and not replace:
         raise OutDirError(f"--out {out_dir} holds another data set ({', '.join(sorted(others))}; this one is {ds}): "
-                          "made from other "
-                          "inputs, or with another tokenizer, chat template or content setting. Choose another "
-                          "directory, or pass --replace to replace it "
+                          "made from other inputs, or with another tokenizer, chat template or content setting. "
+                          "Choose another directory, or pass --replace to replace it "
                           f"(only the shards and manifest this program wrote are deleted)")
     return ours if others else []
 
@@ -501,8 +499,8 @@ def _column(path: Path, name: str) -> np.ndarray:
         with pa.memory_map(str(path)) as src:
             t = pa.ipc.open_file(src).read_all()
     except (OSError, pa.ArrowException) as err:
-        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python -m "
-                               "dflash_nb.data to rebuild it") from None
+        raise CorruptFileError(f"shard {path}: cannot read it ({' '.join(str(err).split())[:200]}); "
+                               "rerun python -m dflash_nb.data to rebuild it") from None
     if not t.num_rows: return np.zeros(0, dtype=np.int32)
     col = t.column(name)
     return np.array(col.to_pylist(), dtype=object) if pa.types.is_string(col.type) else col.to_numpy().copy()
@@ -601,8 +599,8 @@ def _whole(v) -> bool: return isinstance(v, int) and not isinstance(v, bool) and
 
 def _need(ok: bool, where, field: str, want: str, v):
     "CorruptFileError naming the manifest, the field, what it must be and (the start of) what it is."
-    if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; rerun "
-                                      "python -m dflash_nb.data to rebuild the data set")
+    if not ok: raise CorruptFileError(f"{where}: {field} must be {want}, not {json.dumps(v, default=str)[:60]}; "
+                                      "rerun python -m dflash_nb.data to rebuild the data set")
 
 def check_manifest(m, where) -> dict:   # where: the manifest's path, for the messages
     "`m` if every field training reads is there and of its type (`_check_entries`: shards, duplicates)."
@@ -641,12 +639,12 @@ def load_manifest(out_dir) -> dict:
     p = Path(out_dir) / "manifest.json"
     if not os.path.lexists(p):
         why = " (its audit failed: see audit.json)" if (Path(out_dir) / "audit.json").is_file() else ""
-        raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; run python "
-                                "-m dflash_nb.data")
+        raise FileNotFoundError(f"{p} does not exist: {out_dir} is not a finished tokenization run{why}; "
+                                "run python -m dflash_nb.data")
     try: m = read_json(p, within=out_dir)
     except ConfigError as err:                         # syntax, size, depth: the manifest is damaged
-        raise CorruptFileError(f"{p}: not a readable manifest ({str(err).removeprefix(f'{p}: ')}); rerun python -m "
-                               "dflash_nb.data") from None
+        raise CorruptFileError(f"{p}: not a readable manifest ({str(err).removeprefix(f'{p}: ')}); "
+                               "rerun python -m dflash_nb.data") from None
     return check_manifest(m, p)
 
 # %% ../nbs/01c_shards.ipynb #a5ee8f5e
@@ -699,10 +697,9 @@ def _check_shard(path: Path, table, manifest: dict, index: int):
     except (KeyError, ValueError): st = {}
     if st.get("dataset") != ds or st.get("index") != index:
         what = f"data set {st.get('dataset')}" if st.get("dataset") != ds else f"position {st.get('index')}"
-        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} (shard "
-                                f"{index}): refusing to "
-                                "train on a mix; rerun python -m dflash_nb.data with the data set's inputs to "
-                                "rebuild it")
+        raise DataMismatchError(f"shard {path} belongs to {what}, not to its manifest's data set {ds} "
+                                f"(shard {index}): refusing to train on a mix; "
+                                "rerun python -m dflash_nb.data with the data set's inputs to rebuild it")
     _check_rows(path, table, manifest["shards"][index]["samples"])
 
 # %% ../nbs/01c_shards.ipynb #480c1f78
@@ -717,8 +714,8 @@ class ShardDataset:
             try: self.tables.append(pa.ipc.open_file(pa.memory_map(str(inside_dir(out_dir, s["file"], where))))
                                     .read_all())
             except (OSError, pa.ArrowException) as err:
-                raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); rerun python "
-                                       "-m dflash_nb.data to rebuild it") from None
+                raise CorruptFileError(f"shard {p}: cannot read it ({' '.join(str(err).split())[:200]}); "
+                                       "rerun python -m dflash_nb.data to rebuild it") from None
             _check_shard(p, self.tables[-1], self.manifest, i)
         self.starts = np.cumsum([0] + [t.num_rows for t in self.tables])
         dup = self.manifest.get("duplicates") or {}
