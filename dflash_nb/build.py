@@ -36,11 +36,11 @@ def rank_devices(devices: list, local_rank: int = 0) -> tuple[torch.device, torc
         return d
     if devices:
         if local_rank >= len(devices):
-            raise ConfigError(f"devices lists {len(devices)} [target, drafter] pairs but this process has LOCAL_RANK "
-                              f"{local_rank}")
+            raise ConfigError(
+                f"devices lists {len(devices)} [target, drafter] pairs but this process has LOCAL_RANK {local_rank}")
         pair = devices[local_rank]
-        if len(pair) != 2: raise ConfigError(f"devices[{local_rank}] must be [target_device, drafter_device], got "
-                                             f"{pair!r}")
+        if len(pair) != 2:
+            raise ConfigError(f"devices[{local_rank}] must be [target_device, drafter_device], got {pair!r}")
         return dev(pair[0]), dev(pair[1])
     if torch.cuda.is_available():
         d = torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -65,8 +65,8 @@ def check_tp_devices(tc: TargetConfig, target_device: torch.device, drafter_devi
     "Refuse a split target (`tp_size` > 1) whose rank puts the target and the drafter on two devices (not verified)."
     if tc.tp_size > 1 and target_device != drafter_device:
         raise ConfigError(f"train.target.tp_size={tc.tp_size} with the pair [{target_device}, {drafter_device}]: "
-                          "a rank of a split target keeps its target slices and its drafter on one device; drop "
-                          "train.devices")
+                          "a rank of a split target keeps its target slices and its drafter on one device; "
+                          "drop train.devices")
 
 # %% ../nbs/08d_build.ipynb #b7c1e2a1
 def _cpu_flags() -> set:
@@ -216,8 +216,8 @@ def warm_start_config(init_dir,                 # a serving-format drafter direc
     if theirs.vocab_size is not None and theirs.vocab_size != hf.vocab_size:
         raise ConfigError(f"init_from={init_dir}: vocab_size {theirs.vocab_size} != the target's {hf.vocab_size}")
     if theirs.num_target_layers is not None and theirs.num_target_layers != hf.num_hidden_layers:
-        raise ConfigError(f"init_from={init_dir}: num_target_layers {theirs.num_target_layers} != the target's "
-                          f"{hf.num_hidden_layers} decoder layers")
+        n, layers = theirs.num_target_layers, hf.num_hidden_layers
+        raise ConfigError(f"init_from={init_dir}: num_target_layers {n} != the target's {layers} decoder layers")
     check_target_layer_ids(theirs.target_layer_ids, hf.num_hidden_layers)
     if not overrides:
         theirs.num_target_layers, theirs.vocab_size = hf.num_hidden_layers, hf.vocab_size
@@ -241,11 +241,11 @@ def load_warm_start(drafter, init_dir) -> int:
     mine = drafter.trainable_state_dict()
     missing, unexpected = sorted(set(mine) - set(sd)), sorted(set(sd) - set(mine))
     if missing or unexpected:
-        raise ConfigError(f"init_from: {path} does not fit the drafter: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]}")
+        raise ConfigError(f"init_from: {path} does not fit the drafter: missing {missing[:4]}, "
+                          f"unexpected {unexpected[:4]}")
     bad = [k for k in mine if tuple(sd[k].shape) != tuple(mine[k].shape)]
-    if bad: raise ConfigError(f"init_from: {path}: {bad[0]} has shape {tuple(sd[bad[0]].shape)}, the drafter's is "
-                              f"{tuple(mine[bad[0]].shape)}")
+    if bad: raise ConfigError(f"init_from: {path}: {bad[0]} has shape {tuple(sd[bad[0]].shape)}, "
+                              f"the drafter's is {tuple(mine[bad[0]].shape)}")
     dev = next(drafter.parameters()).device
     drafter.load_trainable_state_dict({k: v.to(device=dev, dtype=mine[k].dtype) for k, v in sd.items()})
     return len(sd)
@@ -334,8 +334,9 @@ def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or 
     if need > have:
         worst = max(parts, key=parts.get)
         who = who[worst] if isinstance(who, dict) else who
-        raise ConfigError(f"{who} needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is "
-                          f"available; the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
+        raise ConfigError(
+            f"{who} needs at least {need / _GIB:,.1f} GiB on {device} but {have / _GIB:,.1f} GiB is available; "
+            f"the largest part: {worst}, {parts[worst] / _GIB:,.1f} GiB")
 
 # %% ../nbs/08d_build.ipynb #a0b0c8da
 def target_dims(tc: TargetConfig) -> tuple[dict, str]:
@@ -413,8 +414,8 @@ def check_token_ids(samples, data_dir, target):
         lo, hi = pc.min(ids).as_py(), pc.max(ids).as_py()
         if lo is not None and (lo < 0 or hi >= rows):
             bad = hi if hi >= rows else lo
-            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: token id {bad} is outside the target's "
-                              f"vocabulary "
+            raise ConfigError(f"shard {Path(data_dir) / shard['file']}: "
+                              f"token id {bad} is outside the target's vocabulary "
                               f"(embedding rows 0..{rows - 1}); tokenize the data with the target's tokenizer")
 
 # %% ../nbs/08d_build.ipynb #e6035aa3

@@ -247,8 +247,8 @@ def resolve_checkpoint(path) -> Path:   # a checkpoint dir, a checkpoints or run
             d = cand / name
             if (d / "state.json").exists() and not d.is_symlink(): return d
             raise FileNotFoundError(f"{cand / 'latest'} names {name}, which is missing or incomplete")
-    raise FileNotFoundError(f"no checkpoint at {p} (expected state.json, or a `latest` file in it or in "
-                            f"{p / 'checkpoints'})")
+    raise FileNotFoundError(f"no checkpoint at {p} "
+                            f"(expected state.json, or a `latest` file in it or in {p / 'checkpoints'})")
 
 # %% ../nbs/08a_checkpoint.ipynb #7c1780fd
 def _read(path: Path, how):
@@ -326,9 +326,9 @@ class RunLock:
             if held or (holder is not None and holder.get("pid") != me["pid"] and (alive or not same_host)):
                 os.close(fd)
                 who = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "another process"
-                raise CheckpointError(f"run dir {self.path.parent} is in use by {who} (lock file {self.path}): wait "
-                                      f"for that trainer to finish or pick another train.run_dir; if no trainer runs "
-                                      f"there any more, delete {self.path}")
+                raise CheckpointError(f"run dir {self.path.parent} is in use by {who} (lock file {self.path}): "
+                                      f"wait for that trainer to finish or pick another train.run_dir; "
+                                      f"if no trainer runs there any more, delete {self.path}")
             try: same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino   # not a lock file unlinked meanwhile
             except FileNotFoundError: same_file = False
             if not same_file:
@@ -345,8 +345,8 @@ class RunLock:
                 raise
             self.fd = fd
             return self
-        raise CheckpointError(f"could not take the lock {self.path} (it keeps changing); is another trainer starting "
-                              "there?")
+        raise CheckpointError(f"could not take the lock {self.path} (it keeps changing); "
+                              "is another trainer starting there?")
 
     def release(self):
         "Give the lock back (the file goes if it still names this process)."
@@ -398,8 +398,8 @@ def read_run_id(run_dir) -> Optional[str]:
     try: rid = read_json(f).get("run_id")
     except (OSError, ValueError, AttributeError): rid = None
     if not isinstance(rid, str) or not _RUN_ID.fullmatch(rid):
-        raise CheckpointError(f"{f} is not a run file of dflash_nb.train (no run_id): move it away or pick another "
-                              f"train.run_dir")
+        raise CheckpointError(f"{f} is not a run file of dflash_nb.train (no run_id): "
+                              f"move it away or pick another train.run_dir")
     return rid
 
 # %% ../nbs/08a_checkpoint.ipynb #19fd8caf
@@ -441,9 +441,10 @@ _CHECKPOINT_FILES = ("drafter.safetensors", "optimizer.pt", "scheduler.pt", "rng
 def check_own_steps(root, mine: Optional[str]):   # root: the checkpoints dir; mine: its run dir's id
     "CheckpointError naming both ids when a step dir of `root`, or the one resume=auto picks, is not run `mine`'s."
     def refuse(d, theirs):
-        raise CheckpointError(f"{d} is a checkpoint of run {theirs or '(none recorded)'}, but {Path(root).parent} "
-                              f"holds run {mine}: train.resume=auto would continue another run here; move {d.name} "
-                              f"out of {root}, or resume it into a fresh train.run_dir")
+        raise CheckpointError(f"{d} is a checkpoint of run {theirs or '(none recorded)'}, "
+                              f"but {Path(root).parent} holds run {mine}: "
+                              f"train.resume=auto would continue another run here; "
+                              f"move {d.name} out of {root}, or resume it into a fresh train.run_dir")
     for d in step_dirs(root):
         if (theirs := _step_run_id(d)) not in (None, mine): refuse(d, theirs)
     try: picked = auto_resume_dir(root)
@@ -476,18 +477,19 @@ def check_run_dir(cfg) -> tuple[Optional[str], Optional[str]]:   # cfg: the trai
     ckpt_root = run_dir / "checkpoints"
     held = checkpoints_held(ckpt_root)
     if not cfg.resume and held:
-        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): continue that run with "
-                              f"train.resume=auto, or pick another train.run_dir (a new run never mixes with an old "
-                              f"one)")
+        raise CheckpointError(f"{ckpt_root} already holds checkpoints ({held}): "
+                              f"continue that run with train.resume=auto, or pick another train.run_dir "
+                              f"(a new run never mixes with an old one)")
     mine = read_run_id(run_dir)
     if mine is None and held: mine = checkpoint_run_id(str(ckpt_root))     # a run dir from before run ids
     if cfg.resume == "auto" and held: check_own_steps(ckpt_root, mine)
     named = cfg.resume and cfg.resume != "auto"
     theirs = checkpoint_run_id(cfg.resume, cfg.checkpoint.s3_endpoint_url) if named else None
     if mine and named and theirs != mine:
-        raise CheckpointError(f"{run_dir} holds run {mine}, but train.resume={cfg.resume} is a checkpoint of run "
-                              f"{theirs or '(none recorded)'}: resuming it here would mix two runs; resume it into a "
-                              f"fresh train.run_dir (one that does not exist yet)")
+        raise CheckpointError(f"{run_dir} holds run {mine}, "
+                              f"but train.resume={cfg.resume} is a checkpoint of run {theirs or '(none recorded)'}: "
+                              f"resuming it here would mix two runs; "
+                              f"resume it into a fresh train.run_dir (one that does not exist yet)")
     return mine, theirs
 
 # %% ../nbs/08a_checkpoint.ipynb #9cdc6ce1

@@ -28,8 +28,9 @@ class Layout:
     def __post_init__(self):
         if self.tp < 1 or self.world % self.tp:
             raise ConfigError(f"train.target.tp_size={self.tp} does not divide the {self.world} processes of this run "
-                              f"(world = dp x tp): start a multiple of {self.tp} processes (torchrun "
-                              f"--nproc-per-node), or set train.target.tp_size to a divisor of {self.world}")
+                              f"(world = dp x tp): "
+                              f"start a multiple of {self.tp} processes (torchrun --nproc-per-node), "
+                              f"or set train.target.tp_size to a divisor of {self.world}")
 
 # %% ../nbs/07c_parallel.ipynb #d58a3d08
 @patch(as_prop=True)
@@ -72,8 +73,8 @@ def check_tp_target(config, tp: int, src: str = "the target's config.json"):
     kv = getattr(text, "num_key_value_heads", None) or heads
     for name, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
         if n is not None and n % tp:
-            raise ConfigError(f"{src}: {name}={n} is not divisible by train.target.tp_size={tp}: tensor "
-                              f"parallelism gives each rank whole heads; pick a tp_size that divides {n}")
+            raise ConfigError(f"{src}: {name}={n} is not divisible by train.target.tp_size={tp}: "
+                              f"tensor parallelism gives each rank whole heads; pick a tp_size that divides {n}")
 
 # %% ../nbs/07c_parallel.ipynb #1b11825f
 _MESHES = {}   # (tp, device type, timeout, the world group) -> this rank's TP mesh: the groups are made once per world
@@ -99,8 +100,9 @@ def _transformers_takes(mesh, device: torch.device):
     "While active, transformers' distributed loading uses `mesh` (this rank's TP group) instead of a world-sized mesh."
     import transformers, transformers.distributed.mixin as mixin
     if not hasattr(mixin, "initialize_distributed_mesh"):
-        raise ConfigError(f"transformers {transformers.__version__} has no transformers.distributed.mixin."
-                          "initialize_distributed_mesh: its tensor parallelism is not the one verified here (5.24)")
+        version = transformers.__version__
+        raise ConfigError(f"transformers {version} has no transformers.distributed.mixin.initialize_distributed_mesh: "
+                          "its tensor parallelism is not the one verified here (5.24)")
     saved = mixin.initialize_distributed_mesh
     mixin.initialize_distributed_mesh = lambda config: (device, _TPMeshes(mesh))
     try: yield
@@ -132,8 +134,8 @@ def load_target_tp(
     with _transformers_takes(mesh, torch.device(device)):
         model = AutoModelForCausalLM.from_pretrained(str(path), **kw)
     if not any(is_split(p) for p in model.parameters()):
-        raise ConfigError(f"{path}: transformers loaded the target whole on every rank (no weight was split over "
-                          f"tp_size={tp})")
+        raise ConfigError(f"{path}: transformers loaded the target whole on every rank "
+                          f"(no weight was split over tp_size={tp})")
     return model.eval().requires_grad_(False)
 
 # %% ../nbs/07c_parallel.ipynb #5647c7a2
@@ -166,8 +168,8 @@ def plain_copy(module: nn.Module, device) -> nn.Module:
             bias = b.full_tensor().to(device) if is_split(b) else b.detach().to(device, copy=True)
             out.bias = nn.Parameter(bias, requires_grad=False)
     else:
-        raise ConfigError(f"cannot copy a split {type(module).__name__} for the drafter (an nn.Embedding or "
-                          "nn.Linear is expected)")
+        raise ConfigError(f"cannot copy a split {type(module).__name__} for the drafter "
+                          "(an nn.Embedding or nn.Linear is expected)")
     out.weight = nn.Parameter(whole, requires_grad=False)
     return out
 
@@ -211,11 +213,11 @@ def collective_error(err: BaseException) -> CollectiveError | None:
         seen.add(id(err))
         text = " ".join(str(err).split())
         if hit := next((m for m in _TIMED_OUT if m in text), None):
-            return CollectiveError(f"a collective waited train.collective_timeout_s for another rank, which hung or "
-                                   f"stopped ({_said(text, hit)}); the checkpoints written before are kept: restart "
-                                   "with train.resume=auto")
+            return CollectiveError(f"a collective waited train.collective_timeout_s for another rank, "
+                                   f"which hung or stopped ({_said(text, hit)}); "
+                                   "the checkpoints written before are kept: restart with train.resume=auto")
         if hit := next((m for m in _PEER_GONE if m in text), None):
-            return CollectiveError(f"another rank of this run died during a collective ({_said(text, hit)}); the "
-                                   "checkpoints written before are kept: restart with train.resume=auto")
+            return CollectiveError(f"another rank of this run died during a collective ({_said(text, hit)}); "
+                                   "the checkpoints written before are kept: restart with train.resume=auto")
         err = err.__cause__ or err.__context__
     return None

@@ -112,8 +112,8 @@ def preflight(self: S3Uploader) -> Optional[str]:
         missing = isinstance(e, ClientError) and e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404
         if missing or s3_permanent(e):
             raise CheckpointError(f"checkpoint.s3_uri {self.uri()}: {'no such bucket' if missing else 'refused'} "
-                                  f"({type(e).__name__}: {e}); check the bucket name and the credentials, or unset "
-                                  "checkpoint.s3_uri") from None
+                                  f"({type(e).__name__}: {e}); check the bucket name and the credentials, "
+                                  "or unset checkpoint.s3_uri") from None
         self.report({"event": "s3_unreachable", "uri": self.uri(), "error": f"{type(e).__name__}: {e}"[:300],
                      "note": "uploads will be retried"})
         return None
@@ -144,9 +144,9 @@ def _own(self: S3Uploader, c):
             if e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") not in (409, 412): raise
     owner = self.owner(c)
     if owner != self.run_id:
-        raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), not to this run "
-                              f"{self.run_id}: give this run a checkpoint.s3_uri of its own (or resume that run "
-                              f"from {self.uri()} into a fresh train.run_dir)")
+        raise CheckpointError(f"{self.uri()} belongs to run {owner} ({self.uri(RUN_FILE)}), "
+                              f"not to this run {self.run_id}: give this run a checkpoint.s3_uri of its own "
+                              f"(or resume that run from {self.uri()} into a fresh train.run_dir)")
 
 @patch
 def claim(self: S3Uploader):
@@ -170,8 +170,8 @@ def _upload(self: S3Uploader, d: Path):
     if step > self.latest_step:
         remote = read_remote_latest(c, self.bucket, self.key("latest"))
         if remote is not None and step_of(remote) > step and remote not in self.remote:
-            raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: another run writes "
-                                  f"to this prefix; use a checkpoint.s3_uri of its own")
+            raise CheckpointError(f"{self.uri('latest')} names {remote}, later than {d.name}: "
+                                  f"another run writes to this prefix; use a checkpoint.s3_uri of its own")
         c.put_object(Bucket=self.bucket, Key=self.key("latest"), Body=(d.name + "\n").encode())
         self.latest_step = step
     with self.lock: self.remote.append(d.name)
@@ -263,8 +263,9 @@ def download_checkpoint(
                 c.download_file(bucket, k["Key"], str(f))
                 names.append(rel)
         if "state.json" not in names or "drafter.safetensors" not in names:
-            raise CheckpointError(f"s3://{bucket}/{key}/ is not a complete checkpoint (no state.json or "
-                                  "drafter.safetensors): its upload did not finish; resume from another step")
+            raise CheckpointError(f"s3://{bucket}/{key}/ is not a complete checkpoint "
+                                  "(no state.json or drafter.safetensors): "
+                                  "its upload did not finish; resume from another step")
         if out.exists() and not _earlier_download(out):
             raise CheckpointError(f"{out} exists and is not an earlier download of {name}: refusing to replace it; "
                                   "move it away")

@@ -263,8 +263,8 @@ def resume_from(run: Run) -> tuple[int, dict]:
     if src == "auto" and not (ckpt_root / "latest").exists() and checkpoints_held(ckpt_root):
         found = newest_complete(ckpt_root)    # a save killed before `latest` moved: never start over its steps
         if found is None:
-            raise CheckpointError(f"{ckpt_root} holds step dirs but no `latest` and no complete checkpoint: refusing "
-                                  f"to start over them; move them away or pick another train.run_dir")
+            raise CheckpointError(f"{ckpt_root} holds step dirs but no `latest` and no complete checkpoint: "
+                                  f"refusing to start over them; move them away or pick another train.run_dir")
         log.print(f"{log_prefix}note: {ckpt_root} has no `latest`; resuming its newest complete step {found.name}")
         src = str(found)
     elif src == "auto": src = str(ckpt_root) if (ckpt_root / "latest").exists() else None
@@ -277,14 +277,13 @@ def resume_from(run: Run) -> tuple[int, dict]:
         raise CheckpointError(f"{ck['dir']} is a checkpoint of run {st.get('run_id')}, not of this run {run.run_id}")
     start = st["step"]
     if start > cfg.steps:
-        raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: resuming would move "
-                              "`latest` back; "
-                              f"set train.steps above {start} to train on, or resume an earlier checkpoint into "
-                              "another train.run_dir")
+        raise CheckpointError(f"{ck['dir']} is at step {start}, past train.steps={cfg.steps}: "
+                              f"resuming would move `latest` back; set train.steps above {start} to train on, "
+                              "or resume an earlier checkpoint into another train.run_dir")
     here = read_latest(ckpt_root)
     if here is not None and step_of(here) > start:
-        raise CheckpointError(f"{ckpt_root / 'latest'} names {here}, later than the resume point {ck['dir']} (step "
-                              f"{start}): "
+        raise CheckpointError(f"{ckpt_root / 'latest'} names {here}, later than the resume point {ck['dir']} "
+                              f"(step {start}): "
                               "continuing here would rewrite this run's history; resume into another train.run_dir, "
                               f"or resume from {ckpt_root}")
     run.drafter.load_trainable_state_dict({k: v.to(run.drafter_device) for k, v in ck["weights"].items()})
@@ -302,9 +301,8 @@ def resume_from(run: Run) -> tuple[int, dict]:
                   f"{start} (schedule recomputed for steps={cfg.steps} at the same position; AdamW moments kept)")
         log.record({"event": "resume_config_changed", "from": str(ck["dir"]), "step": start, "changes": changes},
                    echo=False)
-    if st.get("global_batch") != cfg.global_batch: raise ConfigError("checkpoint has global_batch "
-                                                                     f"{st.get('global_batch')}, config "
-                                                                     f"{cfg.global_batch}")
+    if st.get("global_batch") != cfg.global_batch:
+        raise ConfigError(f"checkpoint has global_batch {st.get('global_batch')}, config {cfg.global_batch}")
     if st.get("data_id") != run.data_id: log.print(f"{log_prefix}warning: the data differs from the checkpoint's (data "
                                                    "order will not match)")
     if len(ck["rngs"]) == run.world: set_rng_state(ck["rngs"][run.rank], run.drafter_device)
@@ -336,10 +334,9 @@ class Checkpointer:
                                   "resume from it "
                                   f"(train.resume={uploader.uri()}) or give this run its own checkpoint.s3_uri")
         if remote is not None and step_of(remote) > start:
-            raise CheckpointError(f"{uploader.uri('latest')} names {remote}, later than this run's resume point (step "
-                                  f"{start}): "
-                                  f"uploading there would move it back; resume from {uploader.uri()} or use another "
-                                  "checkpoint.s3_uri")
+            raise CheckpointError(f"{uploader.uri('latest')} names {remote}, later than this run's resume point "
+                                  f"(step {start}): uploading there would move it back; "
+                                  f"resume from {uploader.uri()} or use another checkpoint.s3_uri")
         uploader.claim()    # the prefix becomes this run's (an atomic conditional put), or its other owner refuses us
 
 
@@ -373,8 +370,8 @@ def save(self: Checkpointer, step: int, rngs: list):
     run.log.record({"event": "checkpoint", "dir": str(d), "step": step})
     if uploader:
         if uploader.fatal:
-            raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); every checkpoint is kept in "
-                                  f"{run.ckpt_root}: "
+            raise CheckpointError(f"S3 refuses the checkpoints ({uploader.fatal}); "
+                                  f"every checkpoint is kept in {run.ckpt_root}: "
                                   f"fix checkpoint.s3_uri or the credentials, then rerun with train.resume=auto")
         uploader.submit(d)
 
@@ -590,8 +587,9 @@ def _some_step_finite(run: Run, metrics, ran: int, before: int):
     "Stop a run none of whose `ran` steps was finite (each one skipped): it learned nothing, and must not look done."
     bad = int(metrics.nonfinite_total.item()) - before
     if ran > 0 and bad >= ran:
-        raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped (fewer than max_nonfinite="
-                             f"{run.cfg.max_nonfinite} in a row, yet none trained); {_nonfinite_story(run, metrics)}")
+        raise NonFiniteError(f"all {ran} steps of this run were non-finite and skipped "
+                             f"(fewer than max_nonfinite={run.cfg.max_nonfinite} in a row, yet none trained); "
+                             f"{_nonfinite_story(run, metrics)}")
 
 def _too_many_nonfinite(run: Run, rec: dict, metrics=None):
     "Stop the run (no checkpoint is written); the message names what went non-finite and the last finite checkpoint."
