@@ -173,8 +173,8 @@ def _check_shapes(q, k, v, layout):
         raise ValueError(f"query heads {q.shape[1]} not a multiple of kv heads {k.shape[1]}")
     if q.shape[2] != layout.num_queries or k.shape[2] != layout.kv_len:
         raise ValueError(
-            f"q has {q.shape[2]} rows and k {k.shape[2]}, the layout expects N·B = {layout.num_queries} "
-            f"and S + N·B = {layout.kv_len}"
+            f"q has {q.shape[2]} rows and k {k.shape[2]}, "
+            f"the layout expects N·B = {layout.num_queries} and S + N·B = {layout.kv_len}"
         )
 
 def anchor_block_attention(

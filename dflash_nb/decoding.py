@@ -75,8 +75,8 @@ class AcceptanceStats:
 # %% ../nbs/09a_decoding.ipynb #04e7c186
 def check_sampling(temperature: float, top_p: float = 1.0, top_k: int = 0):
     "Raise ValueError unless temperature ≥ 0, 0 < top_p ≤ 1 and top_k ≥ 0."
-    if not (temperature >= 0 and math.isfinite(temperature)): raise ValueError("temperature must be a finite number "
-                                                                               f"≥ 0, got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a finite number ≥ 0, got {temperature}")
     if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0 or int(top_k) != top_k: raise ValueError(f"top_k must be an integer ≥ 0 (0 = no limit), got {top_k}")
 

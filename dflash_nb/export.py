@@ -34,9 +34,10 @@ def check_finite_weights(sd: dict, dtype: torch.dtype | None = None, source: str
                                         "export an earlier checkpoint (the trainer names the last finite one)")
         top = float(v.abs().max())
         if dtype is not None and dtype.is_floating_point and top > torch.finfo(dtype).max:
-            raise NonFiniteWeightsError(f"{source}: {k} reaches {top:.3g}, beyond {str(dtype).removeprefix('torch.')}"
-                                        f"'s largest value {torch.finfo(dtype).max:.3g}: it would be written as inf; "
-                                        "export in float32 or bfloat16")
+            raise NonFiniteWeightsError(
+                f"{source}: {k} reaches {top:.3g}, "
+                f"beyond {str(dtype).removeprefix('torch.')}'s largest value {torch.finfo(dtype).max:.3g}: "
+                "it would be written as inf; export in float32 or bfloat16")
 
 # %% ../nbs/10_export.ipynb #76765be0
 def _umask() -> int:
@@ -119,16 +120,17 @@ def check_export_dir(
     if not names: return
     owned = _export_files(out)
     if owned is None:
-        raise FileExistsError(f"{out} is not empty and is not a drafter export (no {SERVING_ARCH} config.json + "
-                              f"model.safetensors): refusing to replace it; pick a new or empty --out directory")
+        raise FileExistsError(f"{out} is not empty and is not a drafter export "
+                              f"(no {SERVING_ARCH} config.json + model.safetensors): "
+                              f"refusing to replace it; pick a new or empty --out directory")
     foreign = sorted(names - owned)
     if foreign:
         raise FileExistsError(f"{out} is a drafter export but also holds files it did not write "
-                              f"({', '.join(foreign[:5])}): refusing to replace it; move them away or pick another "
-                              f"--out directory")
+                              f"({', '.join(foreign[:5])}): "
+                              f"refusing to replace it; move them away or pick another --out directory")
     if not overwrite:
-        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, or pick another "
-                              f"--out directory")
+        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, "
+                              f"or pick another --out directory")
 
 # %% ../nbs/10_export.ipynb #0ca234c9
 def export_drafter(
@@ -184,9 +186,10 @@ def check_drafter_fits(cfg,                     # the DrafterConfig about to be 
     forward = 4 * blocks * B * ((cfg.vocab_size or 0) + 4 * H + 3 * I)      # logits and one layer's activations
     need, have = weights + forward, available_bytes(device)
     if need > have:
-        raise ConfigError(f"{what}: the drafter (num_hidden_layers={L}, hidden_size={H}, intermediate_size={I}) "
-                          f"drafting {blocks} block(s) of block_size={B} needs at least {need / 2**30:,.1f} GiB on "
-                          f"{device}, {have / 2**30:,.1f} GiB is available")
+        shape = f"num_hidden_layers={L}, hidden_size={H}, intermediate_size={I}"
+        drafter = f"the drafter ({shape}) drafting {blocks} block(s) of block_size={B}"
+        raise ConfigError(f"{what}: {drafter} needs at least {need / 2**30:,.1f} GiB on {device}, "
+                          f"{have / 2**30:,.1f} GiB is available")
 
 
 # %% ../nbs/10_export.ipynb #08b4ccf2
@@ -216,8 +219,8 @@ def load_exported_drafter(
     rows, width = embed_tokens.weight.shape
     from dflash_nb.config import ConfigError
     if cfg.vocab_size is not None and rows != cfg.vocab_size:
-        raise ConfigError(f"the target's embedding has {rows} rows, the drafter was trained for "
-                          f"vocab_size={cfg.vocab_size}")
+        raise ConfigError(f"the target's embedding has {rows} rows, "
+                          f"the drafter was trained for vocab_size={cfg.vocab_size}")
     if width != cfg.hidden_size:
         raise ConfigError(f"the target's hidden size is {width}, the drafter's {cfg.hidden_size}")
     check_drafter_fits(cfg, device or embed_tokens.weight.device, what=f"{path}/config.json")
@@ -320,8 +323,8 @@ def check_num_speculative_tokens(k: int, checkpoint) -> int:
     if k < 1: raise ExpectedError(f"--num-speculative-tokens {k}: must be >= 1")
     block = checkpoint_drafter_config(resolve_checkpoint(checkpoint)).block_size
     if k > block - 1:
-        raise ExpectedError(f"--num-speculative-tokens {k}: the drafter's block is {block} tokens, so k must be in "
-                            f"1..{block - 1}")
+        raise ExpectedError(f"--num-speculative-tokens {k}: the drafter's block is {block} tokens, "
+                            f"so k must be in 1..{block - 1}")
     return k
 
 def write_num_speculative_tokens(export_dir, k: int):

@@ -47,8 +47,8 @@ def check_gguf_header(path) -> dict:
     size = path.stat().st_size
     with open(path, "rb") as f:
         def take(n: int, what: str) -> bytes:
-            if n > size - f.tell(): raise GGUFError(f"{path}: {what} needs {n:,} bytes, the file has "
-                                                    f"{size - f.tell():,} left (truncated or corrupt)")
+            if n > size - f.tell(): raise GGUFError(f"{path}: {what} needs {n:,} bytes, "
+                                                    f"the file has {size - f.tell():,} left (truncated or corrupt)")
             return f.read(n)
         num = lambda fmt, what: struct.unpack("<" + fmt, take(struct.calcsize(fmt), what))[0]
         def text(what: str) -> str:
@@ -59,14 +59,15 @@ def check_gguf_header(path) -> dict:
             if kind != 9 or depth: raise GGUFError(f"{path}: {what} has unknown value type {kind}")
             item, n = num("I", f"{what} item type"), num("Q", f"{what} count")
             least = struct.calcsize(_GGUF_SCALARS[item]) if item in _GGUF_SCALARS else 8
-            if n * least > size - f.tell(): raise GGUFError(f"{path}: {what} claims {n:,} items, more than the file "
-                                                            "holds")
+            if n * least > size - f.tell(): raise GGUFError(f"{path}: {what} claims {n:,} items, "
+                                                            "more than the file holds")
             for i in range(n): value(item, f"{what}[{i}]", depth + 1)
         if take(4, "magic") != b"GGUF": raise GGUFError(f"{path}: not a GGUF file (no GGUF magic)")
         version, tensors, entries = num("I", "version"), num("Q", "tensor count"), num("Q", "metadata count")
         if version not in (2, 3): raise GGUFError(f"{path}: GGUF version {version} is not 2 or 3")
-        if (tensors + entries) * 12 > size: raise GGUFError(f"{path}: header claims {tensors:,} tensors and "
-                                                            f"{entries:,} metadata entries, more than the file holds")
+        if (tensors + entries) * 12 > size:
+            raise GGUFError(f"{path}: header claims {tensors:,} tensors and {entries:,} metadata entries, "
+                            "more than the file holds")
         for i in range(entries):
             key = text(f"metadata key {i}")
             value(num("I", f"{key} type"), key)
@@ -84,8 +85,8 @@ def check_gguf_out(out, replace: bool = False):
     "FileExistsError unless `out` is new, empty, or (`replace`) an earlier conversion holding only its own files."
     out = Path(out)
     if not out.exists(): return
-    if not out.is_dir() or out.is_symlink(): raise FileExistsError(f"{out} exists and is not a directory: pick another "
-                                                                   "--out")
+    if not out.is_dir() or out.is_symlink():
+        raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
     names = set(os.listdir(out))
     if not names: return
     from dflash_nb.config import read_document, ConfigError
@@ -93,11 +94,11 @@ def check_gguf_out(out, replace: bool = False):
     except ConfigError: rec = None
     files = rec.get("files") if isinstance(rec, dict) else None
     if not isinstance(files, list):
-        raise FileExistsError(f"{out} is not empty and is not a dflash-gguf conversion (no {_GGUF_RECORD}): refusing "
-                              "to replace it; pick a new or empty --out directory")
+        raise FileExistsError(f"{out} is not empty and is not a dflash-gguf conversion (no {_GGUF_RECORD}): "
+                              "refusing to replace it; pick a new or empty --out directory")
     if foreign := sorted(names - set(map(str, files)) - {_GGUF_RECORD}):
-        raise FileExistsError(f"{out} holds files the conversion did not write ({', '.join(foreign[:5])}): refusing "
-                              "to replace it; move them away or pick another --out directory")
+        raise FileExistsError(f"{out} holds files the conversion did not write ({', '.join(foreign[:5])}): "
+                              "refusing to replace it; move them away or pick another --out directory")
     if not replace: raise FileExistsError(f"{out} holds an earlier conversion: pass --replace to replace it")
 
 

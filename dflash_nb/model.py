@@ -44,9 +44,10 @@ def check_target_layer_ids(layer_ids, num_target_layers: int) -> list[int]:
         raise ValueError(f"target_layer_ids {bad} out of range for a target with {L} decoder layers (0..{L - 1})")
     if L - 1 in ids:
         raise ValueError(
-            f"target_layer_ids contains {L - 1}, the target's last decoder layer: serving stacks feed the "
-            f"drafter hidden_states[{L}], which is taken after the target's final norm, while training would "
-            f"capture the layer's output before it; use ids up to {L - 2} (the default spread ends at {L - 3})"
+            f"target_layer_ids contains {L - 1}, the target's last decoder layer: "
+            f"serving stacks feed the drafter hidden_states[{L}], which is taken after the target's final norm, "
+            f"while training would capture the layer's output before it; "
+            f"use ids up to {L - 2} (the default spread ends at {L - 3})"
         )
     return ids
 
@@ -116,14 +117,11 @@ def validate(self: DrafterConfig) -> "DrafterConfig":
     if missing:
         raise ValueError(f"DrafterConfig fields unset: {missing} (use DrafterConfig.from_target or set them)")
     if self.num_attention_heads % self.num_key_value_heads:
-        raise ValueError(
-            f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-            f"num_key_value_heads={self.num_key_value_heads}"
-        )
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        raise ValueError(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv}")
     if len(self.resolved_layer_types) != self.num_hidden_layers:
         raise ValueError(
-            f"layer_types has {len(self.resolved_layer_types)} entries "
-            f"for num_hidden_layers={self.num_hidden_layers}"
+            f"layer_types has {len(self.resolved_layer_types)} entries for num_hidden_layers={self.num_hidden_layers}"
         )
     bad = [t for t in self.resolved_layer_types if t not in ("full", "sliding")]
     if bad:

@@ -36,12 +36,13 @@ def serving_python() -> str:
     venv = REPO / ".venv-serving" / "bin" / "python"   # not resolved: the venv's python is a link to the base one
     if os.access(venv, os.X_OK):
         if not (venv.parents[1] / ".installed").exists():   # `make serving` marks a finished build last
-            raise ServingUnavailable(f"{venv.parents[1]} is not a finished serving environment (`make serving` did not "
-                                     "complete there): run `make serving`")
+            raise ServingUnavailable(f"{venv.parents[1]} is not a finished serving environment "
+                                     "(`make serving` did not complete there): run `make serving`")
         return str(venv)
     if importlib.util.find_spec("vllm") is not None: return sys.executable
-    raise ServingUnavailable(f"no vLLM to serve with: run `make serving` (builds {REPO / '.venv-serving'}) "
-                             "or set DFLASH_SERVING_PYTHON to a Python that has vLLM")
+    raise ServingUnavailable(
+        "no vLLM to serve with: "
+        f"run `make serving` (builds {REPO / '.venv-serving'}) or set DFLASH_SERVING_PYTHON to a Python that has vLLM")
 
 # %% ../nbs/01g_serving.ipynb #3faeef09
 _LOG_CHATTER = re.compile(r"^(\([^)]*\)\s*)?(INFO|DEBUG)\b")   # vLLM's progress lines, "(EngineCore pid=…)" ones too
@@ -63,8 +64,8 @@ def worker_tmp_dir(base: str | None = None) -> str:   # where to make it (None: 
         longest = os.path.join(b, "dflash_nb-vllm-12345678", "12345678-1234-1234-1234-123456789012")
         if len(os.fsencode(longest)) <= IPC_PATH_MAX and os.access(b, os.W_OK | os.X_OK):
             return tempfile.mkdtemp(prefix="dflash_nb-vllm-", dir=b)
-    raise ServingError(f"no directory short and writable enough for vLLM's sockets ({IPC_PATH_MAX} bytes a path) "
-                       f"among {', '.join(bases)}: set TMPDIR to a shorter one")
+    raise ServingError(f"no directory short and writable enough for vLLM's sockets "
+                       f"({IPC_PATH_MAX} bytes a path) among {', '.join(bases)}: set TMPDIR to a shorter one")
 
 # %% ../nbs/01g_serving.ipynb #d4581338
 MAX_TIMEOUT_S = 30 * 24 * 3600.0   # a month: any longer wait is a typo
@@ -156,8 +157,9 @@ def _call(self: VLLMEngine, req: dict, timeout: float | None = None) -> dict:   
     except queue.Empty:
         self.close(wait=0)
         flag = "--load-timeout" if req["op"] == "load" else "--worker-timeout"
-        raise ServingError(f"the vLLM worker did not answer {req['op']!r} within {timeout:g} s (hung?); it and its "
-                           f"processes were stopped (the timeout: {flag} or DFLASH_WORKER_TIMEOUT)", self.log) from None
+        raise ServingError(f"the vLLM worker did not answer {req['op']!r} within {timeout:g} s (hung?); "
+                           f"it and its processes were stopped (the timeout: {flag} or DFLASH_WORKER_TIMEOUT)",
+                           self.log) from None
     if line is None:
         rc = self.proc.wait()
         self._drain.join(5)
