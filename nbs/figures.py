@@ -280,3 +280,41 @@ def speedup(res: dict, dtype: str = "bfloat16"):
                ylim=(0, None))
         a2.legend(fontsize=8)
         _show(fig)
+
+
+def tau_curve_and_fit(res: dict):
+    "Held-out τ against training steps (tokens seen on top), and vLLM's measured against predicted speed-up per cell."
+    curve = res["tau_curve"]
+    with plt.rc_context(STYLE):
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=DPI)
+        steps = [r["step"] for r in curve]
+        a1.plot(steps, [r["tau"] for r in curve], "o-", color="tab:blue", ms=4, label="τ, block 8 (held-out walk)")
+        for i, color in ((0, "tab:green"), (1, "tab:orange"), (2, "tab:red")):
+            a1.plot(steps, [r["per_position"][i] for r in curve], "s--", color=color, ms=3, lw=1,
+                    label=f"slot {i + 1} accepted")
+        a1.set(title="held-out τ while training", xlabel="training step", ylabel="τ / share of cycles", ylim=(0, None))
+        seen = [r for r in curve if r.get("tokens_seen")]
+        if seen:
+            top = a1.secondary_xaxis("top", functions=(lambda s: s * seen[-1]["tokens_seen"] / seen[-1]["step"] / 1e6,
+                                                       lambda t: t * 1e6 * seen[-1]["step"] / seen[-1]["tokens_seen"]))
+            top.set_xlabel("million training tokens seen (≈)")
+        a1.legend(fontsize=8)
+        marks = {1: "o", 4: "s", 16: "^"}
+        lo, hi = 10.0, 0.0
+        for dt, color in (("float32", "tab:blue"), ("bfloat16", "tab:orange")):
+            for r in (res.get("sweeps", {}).get(dt) or {}).get("fit", []):
+                a2.plot(r["predicted_speedup"], r["measured_speedup"], marks.get(r["batch"], "x"), color=color, ms=6)
+                lo, hi = min(lo, r["predicted_speedup"], r["measured_speedup"]), max(hi, r["predicted_speedup"],
+                                                                                      r["measured_speedup"])
+        if hi > lo:
+            xs = [lo * 0.9, hi * 1.1]
+            a2.plot(xs, xs, ":", color="0.45", lw=1, label="measured = predicted")
+            a2.fill_between(xs, [x * 0.85 for x in xs], [x * 1.15 for x in xs], color="0.9", label="± 15%")
+        for dt, color in (("float32", "tab:blue"), ("bfloat16", "tab:orange")):
+            a2.plot([], [], "o", color=color, label=dt)
+        for b, m in marks.items():
+            a2.plot([], [], m, color="0.4", label=f"batch {b}")
+        a2.set(title="speed-up per (k, batch) cell, vLLM CPU", xlabel="predicted (cost fitted on an untrained drafter)",
+               ylabel="measured")
+        a2.legend(fontsize=8)
+        _show(fig)
