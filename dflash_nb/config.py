@@ -489,13 +489,14 @@ def _cli_value(raw: str, flag: str):
         if "not valid YAML" not in str(err): raise
         return raw
 
-def _cli_words(cls, argv: list, words: str | None) -> tuple[str | None, list]:
+def _cli_words(cls, argv: list, words: str | None, values=()) -> tuple[str | None, list]:
     """(the `--config` file or None, [(field path, value, the flag as typed)]) of `argv`; bare words go to the list
-    field `words` (none: a bare word is an error)."""
+    field `words` (none: a bare word is an error); `NAME=...` with NAME in `values` is a value, never a key."""
     path, pairs, lists, i = None, [], {}, 0
     def is_key(a):   # `--flag`; `name=value` naming a field, or shaped like a key and not a file (a typo, named below)
         name = a.split("=", 1)[0]
         if a.startswith("--") or "=" in a and _field_at(cls, name)[1] is not None: return True
+        if name in values: return False   # a value that looks like a key: a prompt file's `FORMAT=FILE`
         return "=" in a and bool(_KEY_SHAPE.fullmatch(name)) and (words is None or not Path(a).exists())
     def add(key, value, flag, listed=False):
         if listed and key in lists: return lists[key].extend(value)   # a list flag given twice: its words add up
@@ -551,14 +552,15 @@ def cli_help(cls, prog: str, words: str | None = None, about: str = "", flags: b
     note = "a dash in a key is an underscore; --flag alone sets a bool true; a list takes the words up to the next key"
     return "\n\n".join(s for s in (usage, about, f"keys ({note}):\n{keys}") if s)
 
-def parse_cli(cls, argv=None, prog: str = "dflash_nb", words: str | None = None, about: str = "", flags: bool = False):
+def parse_cli(cls, argv=None, prog: str = "dflash_nb", words: str | None = None, about: str = "", flags: bool = False,
+              values=()):   # names that make `NAME=...` a value, not a key: the prompt formats of `FORMAT=FILE`
     """`cls` from a command line: `--key value`, `--key=value`, `key=value`, `--config FILE.yaml` (bare words into the
     list field `words`); `--help` prints `cli_help` and exits. A bad key or value: `ConfigError` naming it as typed."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "-h" in argv or "--help" in argv:
         print(cli_help(cls, prog, words, about, flags))
         raise SystemExit(0)
-    path, pairs = _cli_words(cls, argv, words)
+    path, pairs = _cli_words(cls, argv, words, values)
     data = read_config_file(path) if path is not None else {}
     for key, value, _ in pairs:
         _set_dotted(data, key, value)

@@ -4,19 +4,23 @@
 
 # %% ../nbs/09b_evaluate.ipynb #aa3811f1
 from __future__ import annotations
-import json, os, sys, time
+import dataclasses, json, os, sys, time
 from pathlib import Path
+from typing import Literal, Optional
 import torch
+from .config import ConfigError, opt, parse_cli
 from .commands import check_device
-from .decoding import (AcceptanceStats, acceptance_length, check_sampling, expected_speedup, forward_costs,
+from .decoding import (AcceptanceStats, acceptance_length, expected_speedup, forward_costs,
                                 generated_span, sample_generate, speculative_generate)
 from .prompts import (MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, MultiTurn, PromptFileError, read_prompt_specs,
                                render_prompts)
+from .regen import SEED_MAX, timeout_opt
 
 # %% auto #0
 __all__ = ['format_drafts', 'show_drafts', 'compare_decoding', 'answer_turns', 'prompt_set_tau', 'format_tau_table',
-           'load_target_spec', 'load_drafter_dir', 'main', 'check_sweep', 'check_vllm_args', 'serve_prompt_sets',
-           'best_cell', 'format_sweep', 'serve_sweep', 'cli']
+           'load_target_spec', 'load_drafter_dir', 'TauConfig', 'ServeOptions', 'EvalCommand', 'parse_args', 'run_eval',
+           'main', 'check_sweep', 'check_vllm_args', 'serve_prompt_sets', 'best_cell', 'format_sweep', 'serve_sweep',
+           'cli']
 
 # %% ../nbs/09b_evaluate.ipynb #c1a5e7b8
 def format_drafts(
@@ -231,207 +235,90 @@ def _stop_ids(model, tokenizer=None) -> list[int]:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
 
-# %% ../nbs/09b_evaluate.ipynb #929748b5
-def _json_dict(text: str, flag: str) -> dict:
-    from dflash_nb.config import ConfigError, parse_document
+# %% ../nbs/09b_evaluate.ipynb #b907a4b4
+@dataclasses.dataclass(kw_only=True)
+class TauConfig:
+    "How much held-out data τ is measured on: the setting `dflash-eval --data` and `dflash-train`'s `evaluate:` share."
+    num_samples: int = opt(64, "held-out samples τ is walked on (0: none, and dflash-train skips τ)", min=0)
 
-    try:
-        d = parse_document(text, flag, "json")  # size and depth limits too
-    except ConfigError as e:
-        raise PromptFileError(str(e)) from None
-    if not isinstance(d, dict):
-        raise PromptFileError(f"{flag}: must be a JSON object, got {type(d).__name__}")
-    return d
+# %% ../nbs/09b_evaluate.ipynb #48ef3581
+@dataclasses.dataclass(kw_only=True)
+class ServeOptions:
+    "`dflash-eval`'s vLLM options: the engine, the sweep, the worker's timeouts, the tensor-parallel size."
+    engine: Literal["dflash_nb", "vllm"] = opt("dflash_nb", "--prompts: vllm also serves every prompt set with vLLM "
+                                               "(the serving environment, `make serving`): τ from vLLM's own counters, "
+                                               "output tokens/s with and without the drafter")
+    num_speculative_tokens: Optional[list[int]] = opt(None, "--engine vllm: sweep vLLM's num_speculative_tokens over "
+                                                      "these values (each 1..block − 1; None: block − 1) on the first "
+                                                      "prompt file, greedy; recommends the best k")
+    batch_size: Optional[list[int]] = opt(None, "--engine vllm: the sweep's batch sizes, prompts served N at a time "
+                                                "(None: 1 16)", min=1)
+    worker_timeout: Optional[float] = timeout_opt("--engine vllm: seconds the worker may take to answer one request "
+                                                  "before it is stopped and the command exits non-zero (None: "
+                                                  "DFLASH_WORKER_TIMEOUT, else 3600)")
+    load_timeout: Optional[float] = timeout_opt("--engine vllm: the same for loading the target")
+    tensor_parallel_size: int = opt(1, "--engine vllm: vLLM's engines split the target over N GPUs, its "
+                                       "tensor_parallel_size; dflash_nb's own τ still loads it whole in this process, "
+                                       "the sweep alone does not", min=1)
 
-# %% ../nbs/09b_evaluate.ipynb #304d1a5f
-def _parser():
-    "The command line of `dflash-eval`."
-    from dflash_nb.commands import CliParser
+# %% ../nbs/09b_evaluate.ipynb #b2b00091
+@dataclasses.dataclass(kw_only=True)
+class EvalCommand(ServeOptions, TauConfig):
+    "What `dflash-eval` takes: the drafter and target, `--data` or `--prompts`, the sampling, what to measure."
+    drafter: str = opt(help="exported drafter dir (config.json + model.safetensors) or a trainer checkpoint/run dir")
+    target: str = opt(help="target: local HF dir, 'tiny' (built-in tiny Qwen3), or a trainer run's config.yaml")
+    data: Optional[str] = opt(None, "held-out tokenized shards (output of dflash-data); or --prompts")
+    prompts: Optional[list[str]] = opt(None, "benchmark prompt files [FORMAT=]FILE (JSONL, Parquet, JSON array; "
+                                             f"FORMAT: {', '.join(PROMPT_FORMATS)}; None: told from the fields), "
+                                             "one τ table row each; or --data")
+    max_prompts: Optional[int] = opt(None, "--prompts: the first N records of each file (None: all)", min=1)
+    max_record_bytes: int = opt(MAX_PROMPT_RECORD_BYTES, "--prompts: a longer record is refused", min=1)
+    temperature: list[float] = opt([0.0], "sampling temperatures, one τ column each (0 = greedy)", min=0)
+    top_p: float = opt(1.0, "nucleus sampling mass for T > 0 (1: off)", gt=0, max=1)
+    top_k: int = opt(0, "top-k sampling for T > 0 (0: off)", min=0)
+    seed: int = opt(0, "sampling seed (prompt i uses seed + i)", min=0, max=SEED_MAX)
+    tokenizer: Optional[str] = opt(None, "--prompts: tokenizer dir with the chat template (None: the target's)")
+    chat_template_kwargs: dict = opt({}, "--prompts: extra chat template variables, as in training, e.g. "
+                                         "'{\"enable_thinking\": false}'")
+    block_size: Optional[int] = opt(None, "draft block size (None: the drafter's)", min=1)
+    max_new_tokens: Optional[int] = opt(None, "cap on generated tokens per sample / prompt (--prompts: 256)", min=1)
+    recompute_reference: bool = opt(False, "--data: regenerate each continuation greedily with the target (when the "
+                                           "data was not generated by this target)")
+    speculative: int = opt(0, "--data: also run the real speculative loop vs plain decoding on the prompts of the "
+                              "first N samples", min=0)
+    speedup: bool = opt(False, "measure target and drafter forward times here and print the expected decoding "
+                               "speed-up of every τ")
+    measure_speedup: int = opt(0, "--prompts: also time the real speculative loop against plain decoding on the "
+                                  "first N prompts of every file", min=0)
+    chunk: int = opt(64, "anchor blocks drafted per drafter forward in the walk", min=1)
+    backend: Literal["auto", "sdpa", "flex", "triton"] = opt("sdpa", "drafter attention backend")
+    device: Optional[str] = opt(None, "the target's device (None: cuda when there is one, else cpu)")
+    dtype: Optional[Literal["float32", "bfloat16", "float16"]] = opt(None, "target dtype (None: bf16 on GPU, fp32 on "
+                                                                           "CPU)")
+    json: Optional[str] = opt(None, "write the results to this JSON file")
+    show_drafts: int = opt(0, "print N continuations (held-out or first prompt file), accepted drafts in [brackets]",
+                           min=0)
 
-    ap = CliParser(
-        prog="dflash_nb.evaluate",
-        description=(
-            "Acceptance length τ of a DFlash drafter: walked on held-out tokenized samples (--data), or "
-            "generated by the target with the drafter on benchmark prompt files (--prompts), "
-            "at one or more temperatures."
-        ),
-    )
-    ap.add_argument(
-        "--drafter",
-        required=True,
-        help="exported drafter dir (config.json + model.safetensors) or a trainer checkpoint/run dir",
-    )
-    ap.add_argument(
-        "--target",
-        required=True,
-        help="target: local HF dir, 'tiny' (built-in tiny Qwen3), or a trainer run's config.yaml",
-    )
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="held-out tokenized shards (output of python -m dflash_nb.data)")
-    src.add_argument(
-        "--prompts",
-        nargs="+",
-        metavar="[FORMAT=]FILE",
-        help="benchmark prompt files (JSONL, Parquet, JSON array): 'prompt'/'messages' records or a "
-        f"benchmark's own (FORMAT: {', '.join(PROMPT_FORMATS)}; default: told from the fields); "
-        "one τ table row per file",
-    )
-    ap.add_argument(
-        "--max-prompts",
-        type=int,
-        default=None,
-        metavar="N",
-        help="--prompts: the first N records of each file (default all)",
-    )
-    ap.add_argument(
-        "--max-record-bytes",
-        type=int,
-        default=MAX_PROMPT_RECORD_BYTES,
-        metavar="N",
-        help="--prompts: a longer record (JSONL line, Parquet row) is refused",
-    )
-    ap.add_argument(
-        "--temperature",
-        nargs="+",
-        type=float,
-        default=[0.0],
-        metavar="T",
-        help="sampling temperatures, one τ column each (0 = greedy; default 0)",
-    )
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass for T > 0 (default 1: off)")
-    ap.add_argument("--top-k", type=int, default=0, help="top-k sampling for T > 0 (default 0: off)")
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed (prompt i uses seed + i)")
-    ap.add_argument(
-        "--tokenizer", default=None, help="--prompts: tokenizer dir with the chat template (default: the target's)"
-    )
-    ap.add_argument(
-        "--chat-template-kwargs",
-        default="{}",
-        metavar="JSON",
-        help="--prompts: extra chat template variables, as in training, e.g. '{\"enable_thinking\": false}'",
-    )
-    ap.add_argument("--num-samples", type=int, default=64, help="--data: samples to walk (default 64)")
-    ap.add_argument("--block-size", type=int, default=None, help="draft block size (default: the drafter's)")
-    ap.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="cap on generated tokens per sample / prompt (--prompts default 256)",
-    )
-    ap.add_argument(
-        "--recompute-reference",
-        action="store_true",
-        help="--data: regenerate each continuation greedily with the target "
-        "(when the data was not generated by this target)",
-    )
-    ap.add_argument(
-        "--speculative",
-        type=int,
-        default=0,
-        metavar="N",
-        help="--data: also run the real speculative loop vs plain decoding on the prompts of the first N samples",
-    )
-    ap.add_argument(
-        "--speedup",
-        action="store_true",
-        help="measure target and drafter forward times here and print the expected decoding speed-up of every τ",
-    )
-    ap.add_argument(
-        "--measure-speedup",
-        type=int,
-        default=0,
-        metavar="N",
-        help="--prompts: also time the real speculative loop against plain decoding "
-        "on the first N prompts of every file",
-    )
-    ap.add_argument("--chunk", type=int, default=64, help="anchor blocks drafted per drafter forward in the walk")
-    ap.add_argument("--backend", default="sdpa", help="drafter attention backend (sdpa, flex, triton)")
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--dtype", default=None, help="target dtype (default: bf16 on GPU, fp32 on CPU)")
-    ap.add_argument("--json", default=None, help="write the results to this JSON file")
-    ap.add_argument(
-        "--show-drafts",
-        type=int,
-        default=0,
-        metavar="N",
-        help="print N continuations (held-out or first prompt file), accepted drafts in [brackets]",
-    )
-    ap.add_argument(
-        "--engine",
-        choices=("dflash_nb", "vllm"),
-        default="dflash_nb",
-        help="--prompts: vllm also serves every prompt set with vLLM (the serving environment, `make serving`): "
-        "τ from vLLM's own counters, output tokens/s with and without the drafter",
-    )
-    ap.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        nargs="+",
-        default=None,
-        metavar="K",
-        help="--engine vllm: sweep vLLM's num_speculative_tokens over these values (each 1..block − 1; default: "
-        "block − 1) on the first prompt file, greedy; recommends the best k",
-    )
-    ap.add_argument(
-        "--batch-size",
-        type=int,
-        nargs="+",
-        default=None,
-        metavar="N",
-        help="--engine vllm: the sweep's batch sizes, prompts served N at a time (default 1 16)",
-    )
-    ap.add_argument(
-        "--worker-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="--engine vllm: the longest the worker may take to answer one request before it is stopped and the "
-        "command exits non-zero (default: DFLASH_WORKER_TIMEOUT, else 3600)",
-    )
-    ap.add_argument(
-        "--load-timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="--engine vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)",
-    )
-    ap.add_argument(
-        "--tensor-parallel-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="--engine vllm: vLLM's engines split the target over N GPUs, its tensor_parallel_size (default 1); "
-        "dflash_nb's own τ still loads it whole in this process, the sweep alone does not",
-    )
-    return ap
+# %% ../nbs/09b_evaluate.ipynb #1ab4f9f7
+def parse_args(argv=None) -> EvalCommand:
+    "The `EvalCommand` of a `dflash-eval` command line; `--data` or `--prompts`, one of the two."
+    about = ("Acceptance length τ of a DFlash drafter: walked on held-out tokenized samples (--data), or generated by "
+             "the target with the drafter on benchmark prompt files (--prompts), at one or more temperatures. "
+             "Errors are one line (exit 2); --debug shows their traceback.")
+    a = parse_cli(EvalCommand, argv, "dflash_nb.evaluate", about=about, flags=True, values=tuple(PROMPT_FORMATS))
+    if a.data is not None and a.prompts is not None:
+        raise ConfigError("--data and --prompts: give one of the two, not both (see --help)")
+    if a.data is None and not a.prompts: raise ConfigError("--data or --prompts: required, not given (see --help)")
+    return a
 
 # %% ../nbs/09b_evaluate.ipynb #c65179d2
-def main(argv=None) -> dict:
-    "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`"
-    args = _parser().parse_args(argv)
-    from dflash_nb.config import ConfigError
+def run_eval(args: EvalCommand) -> dict:
+    "τ (and what else `args` asks for) of the drafter and target `args` names; the results, also written to `--json`."
     from dflash_nb.commands import finite_json
     from dflash_nb.export import check_drafter_fits
-
-    for flag, low in (
-        ("max_new_tokens", 1),
-        ("num_samples", 0),
-        ("block_size", 1),
-        ("chunk", 1),
-        ("speculative", 0),
-        ("measure_speedup", 0),
-        ("top_k", 0),
-        ("worker_timeout", 1),
-        ("load_timeout", 1),
-        ("tensor_parallel_size", 1),
-    ):
-        if (v := getattr(args, flag)) is not None and v < low:
-            raise ConfigError(f"--{flag.replace('_', '-')}: must be >= {low}, got {v}")
     try:
-        for T in args.temperature:
-            check_sampling(T, args.top_p, args.top_k)
         if args.prompts:
-            kwargs = _json_dict(args.chat_template_kwargs, "--chat-template-kwargs")
+            kwargs = args.chat_template_kwargs
             convs = read_prompt_specs(args.prompts, args.max_prompts, args.max_record_bytes)
     except (PromptFileError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ConfigError(str(e)) from e
@@ -465,6 +352,10 @@ def main(argv=None) -> dict:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(finite_json(res), indent=1, allow_nan=False))  # not measured: null
     return res
+
+def main(argv=None) -> dict:
+    "`dflash-eval --drafter DIR --target DIR (--data DIR | --prompts FILE ...) [--temperature 0 1] ...`: the results."
+    return run_eval(parse_args(argv))
 
 # %% ../nbs/09b_evaluate.ipynb #703ce8bb
 def _first_turns(prompts) -> list:

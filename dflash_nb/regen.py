@@ -4,25 +4,26 @@
 
 # %% ../nbs/01h_regen.ipynb #d4bc4cda
 from __future__ import annotations
-import array, contextlib, hashlib, json, os, shutil, stat, sys, tempfile, time
+import array, contextlib, dataclasses, hashlib, json, math, os, shutil, stat, sys, tempfile, time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 import torch
-from .config import ConfigError
-from .commands import move_overrides, run_cli
+from .config import ConfigError, opt, parse_cli
+from .commands import run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
 from .storage import atomic_write_text
 from .config import patch
 
 # %% auto #0
-__all__ = ['MANIFEST', 'LOCK', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling', 'recommended_sampling',
-           'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions', 'regenerate', 'shard_name',
-           'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards', 'own_shards', 'changed_shards',
-           'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock',
-           'clear_of_inputs', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine', 'tensor_parallel_note',
-           'main', 'cli', 'serving_errors', 'run_settings', 'summary']
+__all__ = ['MANIFEST', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling',
+           'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions',
+           'regenerate', 'shard_name', 'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards',
+           'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts', 'context_length',
+           'check_out_dir', 'RegenLock', 'clear_of_inputs', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
+           'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'GenerateConfig', 'timeout_opt', 'RegenCommand',
+           'parse_args', 'run_settings', 'run_regen', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -139,11 +140,16 @@ class Sampling:
     def greedy(self) -> bool: return self.temperature == 0
 
 # %% ../nbs/01h_regen.ipynb #59d242b8
-def recommended_sampling(gen_cfg: dict) -> Sampling:
+def recommended_sampling(gen_cfg: dict, source="generation_config.json") -> Sampling:   # source: named in an error
     "What a target's generation config recommends: greedy unless `do_sample`; a field it leaves out cuts nothing."
     if not gen_cfg.get("do_sample"): return Sampling()
-    return Sampling(float(gen_cfg.get("temperature", 1.0)), float(gen_cfg.get("top_p", 1.0)),
-                    int(gen_cfg.get("top_k") or -1))
+    t, p, k = gen_cfg.get("temperature", 1.0), gen_cfg.get("top_p", 1.0), gen_cfg.get("top_k")
+    num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    for name, v, ok, rule in (("temperature", t, num(t) and math.isfinite(t) and t >= 0, "a finite number >= 0"),
+                              ("top_p", p, num(p) and 0 < p <= 1, "a number in (0, 1]"),
+                              ("top_k", k, k is None or num(k) and k == int(k) and k >= -1, "a whole number >= -1")):
+        if not ok: raise ConfigError(f"{source}: {name} {v!r} is not {rule}; --sampling greedy does not read it")
+    return Sampling(float(t), float(p), int(k or -1))
 
 # %% ../nbs/01h_regen.ipynb #72283302
 def generation_config(target_dir) -> dict:
@@ -664,78 +670,77 @@ def serving_errors() -> tuple:
     from dflash_nb.serving import ServingError, ServingUnavailable
     return (ServingError, ServingUnavailable)
 
-# %% ../nbs/01h_regen.ipynb #04adc050
-def _parser():
-    import argparse
-    from dflash_nb.config import config_help
-    from dflash_nb.commands import CliParser
-    ap = CliParser(prog="dflash_nb.regen", formatter_class=argparse.RawDescriptionHelpFormatter,
-                   description="Complete prompts with the target; write chat JSONL shards that dflash-data reads. "
-                               "Errors are one line (exit 2); --debug shows their traceback.",
-                   epilog="DataConfig keys (set with --config FILE.yaml or key=value):\n" + config_help(DataConfig))
-    a = ap.add_argument
-    a("--target", help="the target's checkpoint directory (config.json + weights)")
-    a("--prompts", nargs="+", action="extend",
-      help="prompt files (JSONL, Parquet, JSON array; FORMAT=FILE names a benchmark format) or s3:// URIs")
-    a("--out", required=True, help="directory for shard-*.jsonl and regen.manifest (a rerun resumes there)")
-    a("--engine", choices=["hf", "vllm"], default="hf",
-      help="hf: transformers generate in this process; vllm: a vLLM engine in the serving environment (default hf)")
-    a("--shard-size", type=int, default=1000, help="prompts per shard file (default 1000)")
-    a("--max-new-tokens", type=int, default=1024, help="tokens generated per prompt at most (default 1024)")
-    a("--sampling", choices=["greedy", "recommended"], default="greedy",
-      help="greedy, or the target's generation_config.json sampling (default greedy)")
-    a("--seed", type=int, default=0, help="sampling seed (the HF engine seeds shard i with seed + i)")
-    a("--batch-size", type=int, default=32, help="hf: prompts per generate() call (default 32)")
-    a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-      help="the target's dtype (auto: float32 on a CPU, bfloat16 on a GPU)")
-    a("--device", default=None, help="hf: the target's device (default cuda when there is one, else cpu)")
-    a("--threads", type=int, default=None, help="hf: CPU threads of this process (default: torch's)")
-    a("--max-prompts", type=int, default=None, help="the first N prompts of all files together (default all)")
-    a("--max-record-bytes", type=int, default=None, help="a longer prompt record is refused (default 1 MiB)")
-    a("--max-shards", type=int, default=None, help="stop after K new shards (a rerun continues)")
-    a("--worker-timeout", type=float, default=None, metavar="SECONDS",
-      help="vllm: the longest the worker may take to answer one shard before it is stopped and the run exits non-zero "
-           "(default: DFLASH_WORKER_TIMEOUT, else 3600)")
-    a("--load-timeout", type=float, default=None, metavar="SECONDS",
-      help="vllm: the same for loading the target (default: DFLASH_WORKER_TIMEOUT, else 3600)")
-    a("--tensor-parallel-size", type=int, default=1, metavar="N",
-      help="vllm: split the target over N GPUs, vLLM's tensor_parallel_size (default 1; hf runs it in one process)")
-    a("--shard-index", type=int, default=0, help="this machine's shards: those j with j %% n == i (default 0)")
-    a("--num-shards", type=int, default=1, help="how many machines share the prompt set (default 1)")
-    a("--merge", nargs="+", metavar="DIR", default=None,
-      help="check that these --shard-index runs' dirs are one complete run and copy them into --out (no engine)")
-    a("--replace", action="store_true", help="delete this program's shards and manifest in --out and start over")
-    a("--tokenizer", default=None, help="tokenizer directory with the chat template (default: the target's)")
-    a("--chat-template-kwargs", metavar="JSON", default=None, help="extra chat template variables, as for dflash-data")
-    a("--config", default=None, help="YAML file with DataConfig keys (the data step's settings)")
-    a("overrides", nargs="*", help="DataConfig key=value")
-    return ap
+# %% ../nbs/01h_regen.ipynb #4c9dd365
+MAX_THREADS = 4096   # CPU threads at most: more is a typo (torch.set_num_threads overflows at 2**31)
 
-# %% ../nbs/01h_regen.ipynb #6c2f9d4e
-def _args(argv: list):
-    "The parsed command line, with the `DataConfig` `key=value` words typed among the `--prompts` files as overrides."
-    import dataclasses
-    keys = {f.name for f in dataclasses.fields(DataConfig)}
-    return move_overrides(_parser().parse_args(argv), "prompts", keys, argv)
+@dataclass(kw_only=True)
+class GenerateConfig:
+    "How the target completes a prompt set: the settings `dflash-regen` and `dflash-train`'s `regenerate:` share."
+    engine: Literal["hf", "vllm"] = opt("hf", "what generates: hf = transformers generate on the target in this "
+                                              "process; vllm = a vLLM engine in the serving environment")
+    max_new_tokens: int = opt(1024, "tokens generated per prompt at most", min=1)
+    batch_size: int = opt(32, "hf: prompts per generate() call", min=1)
+    max_prompts: Optional[int] = opt(None, "use only the first N prompts (of all files together)", min=1)
+    threads: Optional[int] = opt(None, "hf: CPU intra-op threads while the target generates (None: the process's)",
+                                 min=1, max=MAX_THREADS)
 
-# %% ../nbs/01h_regen.ipynb #8a286fad
-def _data_config(a) -> DataConfig:
-    "The DataConfig of `--config`, `key=value` and `--chat-template-kwargs`, as `dflash-data` reads them."
-    import dataclasses
-    from dflash_nb.config import load_config, parse_document, validate_config
-    cfg = load_config(DataConfig, a.config, a.overrides)
-    if a.chat_template_kwargs is not None:
-        kw = parse_document(a.chat_template_kwargs, "--chat-template-kwargs", "json")
-        if not isinstance(kw, dict): raise ConfigError(f"--chat-template-kwargs: expected a JSON object, got {kw!r}")
-        cfg = validate_config(dataclasses.replace(cfg, chat_template_kwargs={**cfg.chat_template_kwargs, **kw}))
-    return cfg
+# %% ../nbs/01h_regen.ipynb #a2e63d1e
+def _longest_wait(v, cfg) -> Optional[str]:
+    "Why `v` seconds is no timeout (None: unset, or fine): more than the serving bridge's `MAX_TIMEOUT_S`."
+    if v is None: return None
+    from dflash_nb.serving import MAX_TIMEOUT_S
+    return f"must be at most {MAX_TIMEOUT_S:g} seconds (a month)" if v > MAX_TIMEOUT_S else None
 
-# %% ../nbs/01h_regen.ipynb #2212c8c2
-def _positive(a):
-    for flag in ("shard_size", "max_new_tokens", "batch_size", "threads", "max_prompts", "max_record_bytes",
-                 "max_shards", "worker_timeout", "load_timeout", "num_shards", "tensor_parallel_size"):
-        v = getattr(a, flag)
-        if v is not None and v < 1: raise ConfigError(f"--{flag.replace('_', '-')} {v}: must be >= 1")
+def timeout_opt(help: str):
+    "An optional timeout field: seconds above 0, finite, at most the serving bridge's `MAX_TIMEOUT_S`."
+    return opt(None, help, gt=0, check=_longest_wait)
+
+# %% ../nbs/01h_regen.ipynb #20890b81
+SEED_MAX = 2**32 - 1   # vLLM seeds numpy's generator with the seed: 32 bits at most
+
+@dataclass(kw_only=True)
+class RegenCommand(GenerateConfig, DataConfig):
+    "What `dflash-regen` takes: the target, prompts and out dir, the generation settings, the `DataConfig` keys."
+    target: Optional[str] = opt(None, "the target's checkpoint directory (config.json + weights)")
+    prompts: list[str] = opt([], "prompt files (JSONL, Parquet, JSON array; FORMAT=FILE names a benchmark format) "
+                                 "or s3:// URIs: the words up to the next flag")
+    out: str = opt(help="directory for shard-*.jsonl and regen.manifest (a rerun resumes there)")
+    shard_size: int = opt(1000, "prompts per shard file", min=1)
+    sampling: Literal["greedy", "recommended"] = opt("greedy", "greedy, or the sampling the target's "
+                                                               "generation_config.json recommends")
+    seed: int = opt(0, "sampling seed (the HF engine seeds shard i with seed + i)", min=0, max=SEED_MAX)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "the target's dtype (auto: float32 on a "
+                                                                           "CPU, bfloat16 on a GPU)")
+    device: Optional[str] = opt(None, "hf: the target's device (None: cuda when there is one, else cpu)")
+    max_record_bytes: Optional[int] = opt(None, "a longer prompt record is refused (None: 1 MiB)", min=1)
+    max_shards: Optional[int] = opt(None, "stop after K new shards (a rerun continues)", min=1)
+    worker_timeout: Optional[float] = timeout_opt("vllm: seconds the worker may take to answer one shard before it is "
+                                                  "stopped and the run exits non-zero (None: DFLASH_WORKER_TIMEOUT, "
+                                                  "else 3600)")
+    load_timeout: Optional[float] = timeout_opt("vllm: the same for loading the target")
+    tensor_parallel_size: int = opt(1, "vllm: split the target over N GPUs, vLLM's tensor_parallel_size (hf runs it "
+                                       "in one process)", min=1)
+    shard_index: int = opt(0, "this machine's shards: those j with j % num_shards == shard_index", min=0)
+    num_shards: int = opt(1, "how many machines share the prompt set", min=1)
+    merge: Optional[list[str]] = opt(None, "check that these --shard-index runs' dirs are one complete run and copy "
+                                           "them into --out (no engine)")
+    replace: bool = opt(False, "delete this program's shards and manifest in --out and start over")
+    tokenizer: Optional[str] = opt(None, "tokenizer directory with the chat template (None: the target's)")
+
+# %% ../nbs/01h_regen.ipynb #020bf1c7
+def parse_args(argv=None) -> RegenCommand:
+    "The `RegenCommand` of a `dflash-regen` command line."
+    from dflash_nb.prompts import PROMPT_FORMATS
+    about = ("Complete prompts with the target; write chat JSONL shards that dflash-data reads. The DataConfig keys "
+             "render the prompts as dflash-data does. Errors are one line (exit 2); --debug shows their traceback.")
+    return parse_cli(RegenCommand, argv, "dflash_nb.regen", words="prompts", about=about, flags=True,
+                     values=tuple(PROMPT_FORMATS))
+
+# %% ../nbs/01h_regen.ipynb #0be14808
+def _data_config(a: RegenCommand) -> DataConfig:
+    "The `DataConfig` of `a`: its keys, `batch_size` and `replace` at their defaults (here those are the command's)."
+    own = {"batch_size", "replace"}
+    return DataConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DataConfig) if f.name not in own})
 
 # %% ../nbs/01h_regen.ipynb #3d1a7e21
 def _one_process(a):
@@ -776,18 +781,18 @@ def _escaping_output():
         if hasattr(s, "reconfigure"): s.reconfigure(errors="backslashreplace")
 
 # %% ../nbs/01h_regen.ipynb #a90242a2
-def _main(argv: list) -> int:
+def run_regen(a: RegenCommand) -> int:
+    "Complete the pending shards of what `a` names (or merge parts); 0."
     from dflash_nb.records import load_tokenizer
-    _escaping_output()                           # names that are not UTF-8 print escaped, never a traceback
-    a = _args(argv)
-    _positive(a)
+    from dflash_nb.commands import check_device
     if a.merge:
         r = merge_parts(a.merge, a.out)
         for f in r["unlisted"]: print(_stray_note(f))
         print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
         return 0
     _one_process(a)                              # merging runs no engine: any size is fine there
-    if a.target is None or not a.prompts: raise ConfigError("the following arguments are required: --target, --prompts")
+    if a.target is None or not a.prompts: raise ConfigError("--target and --prompts: required, not given (see --help)")
+    if a.device is not None: check_device(a.device)
     if not 0 <= a.shard_index < a.num_shards:
         raise ConfigError(f"--shard-index {a.shard_index}: must be in 0..{a.num_shards - 1} "
                           f"(--num-shards {a.num_shards})")
@@ -801,7 +806,8 @@ def _main(argv: list) -> int:
     data_cfg = _data_config(a)
     prompts = spool_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)
     tok, gen_cfg = load_tokenizer(a.tokenizer or target), generation_config(target)
-    sampling = Sampling() if a.sampling == "greedy" else recommended_sampling(gen_cfg)
+    sampling = (Sampling() if a.sampling == "greedy" else   # a config no sampler takes: refused here, before generating
+                recommended_sampling(gen_cfg, target / "generation_config.json"))
     check = CompletionCheck(tok, data_cfg, end_ids(gen_cfg))
     try: out.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise ConfigError(f"--out {out}: cannot create it ({e.strerror})") from None
@@ -835,6 +841,11 @@ def _main(argv: list) -> int:
         raise ConfigError(f"no completion was written: all {r.get('prompts', 0)} prompts of the {r['done']} shards "
                           "done were skipped (longer than the target's context with --max-new-tokens)")
     return 0
+
+# %% ../nbs/01h_regen.ipynb #0051f012
+def _main(argv: list) -> int:
+    _escaping_output()                           # names that are not UTF-8 print escaped, never a traceback
+    return run_regen(parse_args(argv))
 
 # %% ../nbs/01h_regen.ipynb #04670724
 def summary(r: dict, seconds: float, out) -> str:

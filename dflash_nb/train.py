@@ -7,13 +7,14 @@ from __future__ import annotations
 import contextlib, dataclasses, json, os, shutil, signal, sys, time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 import torch
 import torch.distributed as dist
 from .config import opt, parse_cli, ConfigError, to_dict
 from .commands import run_cli
 from .records import DataConfig
-from .regen import read_prompts, regenerate
+from .regen import MAX_THREADS, GenerateConfig, read_prompts, regenerate
+from .evaluate import TauConfig
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)
@@ -30,22 +31,16 @@ __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_conf
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
-class RegenConfig:
+class RegenConfig(GenerateConfig):
+    "`regenerate:` the target's own completions of a prompt file: `dflash-regen`'s generation settings, and these."
     prompts: Optional[str] = opt(None, "JSONL of prompts ({prompt: ...} or {messages: [...]}) to complete with the "
                                        "target's greedy decoding; 'bundled' = the demo prompts; None = skip")
-    engine: Literal["hf", "vllm"] = opt("hf", "what generates: hf = transformers generate on the loaded target; vllm "
-                                              "= a vLLM engine in the serving environment on train.target.path")
-    max_new_tokens: int = opt(64, "tokens generated per prompt", min=1)
-    batch_size: int = opt(32, "prompts per generate() call", min=1)
     heldout: int = opt(16, "prompts (the last ones) kept out of training and used for τ", min=0)
-    max_prompts: Optional[int] = opt(None, "use only the first N prompts", min=1)
-    threads: Optional[int] = opt(None, "CPU intra-op threads while the target generates (None = the run's "
-                                       "threads)", min=1)
 
 # %% ../nbs/11_train.ipynb #7854b4cb
 @dataclass
-class EvalConfig:
-    num_samples: int = opt(16, "held-out samples for τ before and after training (0 = skip)", min=0)
+class EvalConfig(TauConfig):
+    "`evaluate:` τ before and after training: `dflash-eval`'s `num_samples`, and where the held-out data is."
     data_dir: Optional[str] = opt(None, "tokenized held-out data; None = the regenerated held-out prompts")
 
 @dataclass
@@ -59,7 +54,7 @@ class RunConfig:
     evaluate: EvalConfig = opt(EvalConfig(), "acceptance length τ before and after training")
     export: bool = opt(True, "export the trained drafter in the serving format to <run_dir>/drafter")
     threads: Optional[int] = opt(None, "CPU intra-op threads of this process (torch.set_num_threads); "
-                                       "None = torch's default, one per core", min=1)
+                                       "None = torch's default, one per core", min=1, max=MAX_THREADS)
     sigterm_in_phase: Optional[str] = opt(None, "TEST ONLY: send this process SIGTERM when `run` enters this phase "
                                                 "(target, data, tau_before, train, tau_after, export)", hidden=True)
 

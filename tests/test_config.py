@@ -61,7 +61,9 @@ SCRIPTS = {  # console script -> (module prog, arguments that are complete but f
     "dflash-data": ("dflash_nb.data", ["--input", "a.jsonl", "--tokenizer", "tok", "--out", "out", "--bogus"],
                     "  --overlong ({truncate, drop}, default 'truncate')"),
     "dflash-train": ("dflash_nb.train", ["--bogus"], "  train.gamma (float or null, default None, > 0)"),
-    "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"], "--temperature T"),
+    "dflash-eval": ("dflash_nb.evaluate", ["--drafter", "d", "--target", "tiny", "--data", "x", "--bogus"],
+                    "  --temperature (list[float], default [0.0], >= 0)"),
+    "dflash-regen": ("dflash_nb.regen", ["--out", "out", "--bogus"], "  --max-new-tokens (int, default 1024, >= 1)"),
     "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"],
                       "--dtype ({float32, bfloat16, float16} or null, default None)"),
 }

@@ -1,7 +1,7 @@
 """The README stays short and true: at most 200 lines; every figure it quotes names the bench/results JSON it comes from,
 which exists and holds that figure; every command it shows parses with the command's own parser (the runs themselves
 are tests/test_walkthrough.py and tests/test_gguf.py), and `make demo` / `make test` are the Makefile's."""
-import argparse, json, re, shlex
+import json, re, shlex
 from pathlib import Path
 
 import pytest
@@ -94,30 +94,17 @@ def test_the_figures_are_the_json_figures():
     assert checked == {r for r in rows if r[2] != "(arithmetic)"}, "every row of the figure table has a check here"
 
 
-class _Parsed(BaseException):
-    "Raised in place of running a command once its parser accepted the arguments (not an Exception: run_cli lets it by)."
-
-
-def _parses(module: str, argv: list[str], monkeypatch) -> object:
-    "The parsed arguments of `dflash_nb.<module>` for `argv`, without running the command."
+def _parses(module: str, argv: list[str]) -> object:
+    "The parsed arguments of `dflash_nb.<module>` for `argv` (every command parses through `parse_cli`), nothing run."
     import importlib
     if module == "train":
         from dflash_nb.config import parse_cli
         from dflash_nb.train import RunConfig
         return parse_cli(RunConfig, argv, prog="dflash_nb.train")
-    mod = importlib.import_module(f"dflash_nb.{module}")
-    if hasattr(mod, "parse_args"):                  # a command read by parse_cli: its config, nothing run
-        return mod.parse_args(argv)
-    original = argparse.ArgumentParser.parse_args
-    def parse_then_stop(self, args=None, namespace=None):
-        raise _Parsed(original(self, args, namespace))
-    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
-    try: importlib.import_module(f"dflash_nb.{module}").main(argv)
-    except _Parsed as parsed: return parsed.args[0]
-    return None                                     # main returned without parsing: a refusal it printed itself
+    return importlib.import_module(f"dflash_nb.{module}").parse_args(argv)
 
 
-def test_every_command_parses(monkeypatch):
+def test_every_command_parses():
     cmds = commands()
     seen = {c.split()[0] for c in cmds}
     assert {"make", "dflash-data", "dflash-train", "dflash-eval", "dflash-export", "dflash-gguf", "vllm"} <= seen, seen
@@ -131,12 +118,12 @@ def test_every_command_parses(monkeypatch):
             assert spec["method"] == "dflash" and spec["num_speculative_tokens"] == 15, spec
         else:
             assert argv[0] in SCRIPTS, f"a README command that no test parses: {cmd}"
-            assert _parses(SCRIPTS[argv[0]], argv[1:], monkeypatch) is not None, cmd
+            assert _parses(SCRIPTS[argv[0]], argv[1:]) is not None, cmd
     assert re.search(r"(?m)^demo:.*\n(?:\t.*\n)*\t\$\(PY\) -m dflash_nb\.train$", makefile), "make demo runs the trainer"
 
 
-def test_the_parse_check_sees_a_bad_flag(monkeypatch):
+def test_the_parse_check_sees_a_bad_flag():
     "The check itself: a flag the command does not know stops in its parser (one error line), not at the sentinel."
     from dflash_nb.config import ConfigError
     with pytest.raises(ConfigError, match="unknown flag --no-such-flag"):
-        _parses("export", ["--checkpoint", "c", "--out", "o", "--no-such-flag"], monkeypatch)
+        _parses("export", ["--checkpoint", "c", "--out", "o", "--no-such-flag"])

@@ -174,14 +174,13 @@ def test_bad_input_is_one_line_and_exit_2(small, served, tmp_path, monkeypatch):
 
 def test_tensor_parallel_size_is_checked_before_anything(tmp_path):
     "--tensor-parallel-size 0, -1, x, nan, or above 1 with the HF engine: one line, exit 2, nothing read or written."
-    for bad, said in (("0", "--tensor-parallel-size 0: must be >= 1"), ("-1", "--tensor-parallel-size -1: must be >= 1"),
-                      ("x", "argument --tensor-parallel-size: invalid int value: 'x'"),
-                      ("nan", "argument --tensor-parallel-size: invalid int value: 'nan'"),
+    for bad, said in (("0", "--tensor-parallel-size: must be >= 1, got 0"), ("-1", "--tensor-parallel-size: must be >= 1, got -1"),
+                      ("x", "--tensor-parallel-size: expected int, got 'x'"),
+                      ("nan", "--tensor-parallel-size: expected int, got nan"),
                       ("2", "--tensor-parallel-size 2: the HF engine runs the target in one process; use --engine vllm")):
         rc, _, err = run_main("--target", tmp_path / "none", "--prompts", tmp_path / "none.jsonl", "--out",
                               tmp_path / "o", "--tensor-parallel-size", bad)
-        usage = " (see --help)" if bad in ("x", "nan") else ""         # argparse's refusals say where the usage is
-        assert (rc, err) == (2, f"python -m dflash_nb.regen: error: {said}{usage}\n"), err
+        assert (rc, err) == (2, f"python -m dflash_nb.regen: error: {said}\n"), err
     assert not (tmp_path / "o").exists()
 
 
