@@ -13,7 +13,7 @@ from .config import ConfigError, opt, parse_cli
 from .commands import run_cli
 from .records import DataConfig
 from .progress import Progress, progress, stage
-from .storage import atomic_write_text
+from .storage import atomic_write_text, clear_of_inputs, file_kind
 from .config import patch
 
 # %% auto #0
@@ -21,7 +21,7 @@ __all__ = ['MANIFEST', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float
            'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions',
            'regenerate', 'shard_name', 'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards',
            'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts', 'context_length',
-           'check_out_dir', 'RegenLock', 'clear_of_inputs', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
+           'check_out_dir', 'RegenLock', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
            'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'GenerateConfig', 'timeout_opt', 'RegenCommand',
            'parse_args', 'run_settings', 'run_regen', 'summary']
 
@@ -301,8 +301,8 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
     have = None if replace else _manifest_on_disk(out_dir)     # --replace starts over from any manifest, even a bad one
     ours = sorted(out_dir.glob("shard-*.jsonl"))
     if have is not None and have.get("merging"):
-        raise ConfigError(f"{out_dir} holds an unfinished --merge of {', '.join(have['merging'])}: run that --merge "
-                          "again to finish it, or --replace to start over")
+        raise ConfigError(f"{out_dir} holds an unfinished --merge of {', '.join(have['merging'])}: "
+                          "run that --merge again to finish it, or --replace to start over")
     if replace:
         for f in ours + [out_dir / MANIFEST]: f.unlink(missing_ok=True)
     elif have is not None and {k: have.get(k) for k in want} != want:
@@ -492,12 +492,6 @@ def context_length(target_dir) -> Optional[int]:
 # %% ../nbs/01h_regen.ipynb #c6f35115
 LOCK = "regen.lock"
 
-def _what(mode: int) -> str:
-    "What kind of file a stat mode is, in words."
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
-    return next((name for test, name in kinds if test(mode)), "a special file")
-
 def check_out_dir(out) -> Path:
     "`out` if it is a directory (or absent) whose files of this program are regular files, holding no foreign data."
     out = Path(out)
@@ -505,17 +499,18 @@ def check_out_dir(out) -> Path:
     try: mode = os.stat(out).st_mode
     except OSError as e:
         raise ConfigError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
-    if not stat.S_ISDIR(mode): raise ConfigError(f"--out {out} is {_what(mode)}, not a directory")
+    if not stat.S_ISDIR(mode): raise ConfigError(f"--out {out} is {file_kind(mode)}, not a directory")
     for f in sorted(out.iterdir()):
         ours = f.name in (MANIFEST, LOCK) or (f.name.startswith("shard-") and f.name.endswith(".jsonl"))
         if ours and f.is_symlink():
             raise ConfigError(f"{f} is a symbolic link (to {os.readlink(f)}); this program writes that name itself: "
                               "remove the link or pick another --out")
         if ours and not stat.S_ISREG(f.lstat().st_mode):
-            raise ConfigError(f"{f} is {_what(f.lstat().st_mode)}, not a regular file: remove it or pick another --out")
+            kind = file_kind(f.lstat().st_mode)
+            raise ConfigError(f"{f} is {kind}, not a regular file: remove it or pick another --out")
         if not ours and f.name.endswith((".json", ".jsonl")) and not f.name.startswith("."):
-            raise ConfigError(f"{out} holds {f.name}, not a file of dflash-regen (dflash-data --input would read it "
-                              "with the shards): pick another --out")
+            raise ConfigError(f"{out} holds {f.name}, not a file of dflash-regen "
+                              "(dflash-data --input would read it with the shards): pick another --out")
     return out
 
 # %% ../nbs/01h_regen.ipynb #228deaec
@@ -533,9 +528,9 @@ class RegenLock:
             try: h = json.loads(self.path.read_text())
             except (OSError, ValueError): h = {}
             who = f"pid {h.get('pid')} on host {h.get('host')}" if isinstance(h, dict) and h else "another process"
-            raise ConfigError(f"{self.path.parent} is in use by {who} (lock file {self.path}): wait for that "
-                              f"dflash-regen to finish or pick another --out; if none runs there any more, delete "
-                              f"{self.path}") from None
+            raise ConfigError(f"{self.path.parent} is in use by {who} (lock file {self.path}): "
+                              "wait for that dflash-regen to finish or pick another --out; "
+                              f"if none runs there any more, delete {self.path}") from None
         except OSError as e:
             raise ConfigError(f"--out {self.path.parent}: cannot write there ({e.strerror})") from None
         self.taken_over = lock.taken_over
@@ -549,20 +544,6 @@ class RegenLock:
     def __exit__(self, *exc): self.release()
 
 # %% ../nbs/01h_regen.ipynb #0b0b35f7
-def _within(p, d) -> bool:
-    "True when path `p` is `d` or lies below it, links resolved (neither needs to exist)."
-    p, d = os.path.realpath(p), os.path.realpath(d)
-    return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
-
-def clear_of_inputs(out, inputs: dict):   # {flag: [local input paths]}
-    "Refuse an `out` that is, holds or lies inside one of the command's inputs: writing there could destroy them."
-    for flag, paths in inputs.items():
-        for p in map(str, paths):
-            what = (f"{flag} {p} lies in --out {out}" if _within(p, out) else
-                    f"--out {out} lies in {flag} {p}" if _within(out, p) else None)
-            if what: raise ConfigError(f"{what}: a command never writes where it reads; pick another --out "
-                                       "(nothing was written)")
-
 def _prompt_paths(specs) -> list[str]:
     "The local files of `--prompts` specs (FORMAT=FILE gives FILE; s3:// URIs are no local path)."
     from dflash_nb.prompts import PROMPT_FORMATS
@@ -594,8 +575,8 @@ def merge_parts(parts, out) -> dict:
             owner[k], files[k] = p, f
     n = -(-first[1]["prompts"] // first[1]["shard_size"])
     if gone := [j for j in range(n) if str(j) not in owner]:
-        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): finish "
-                          "the parts that own them and merge again")
+        raise ConfigError(f"--merge: {len(gone)} of {n} shards are in no part (first: {shard_name(gone[0])}): "
+                          "finish the parts that own them and merge again")
     r = _write_merged(mans, files, check_out_dir(out), [str(p) for p in parts])
     return dict(r, unlisted=[p / name for p, m in mans for name in unlisted_files(m, p)])   # not copied: reported
 
@@ -772,8 +753,8 @@ def _check_inputs_and_context(a, target: Path, out: Path):
     "Refuse prompt files inside `out`, and a `--max-new-tokens` that leaves no room for a prompt in the context."
     clear_of_inputs(out, {"--prompts": _prompt_paths(a.prompts)})
     if (n := context_length(target)) is not None and a.max_new_tokens >= n:
-        raise ConfigError(f"--max-new-tokens {a.max_new_tokens}: the target's context is {n:,} tokens, prompt and "
-                          "answer together; no prompt would fit")
+        raise ConfigError(f"--max-new-tokens {a.max_new_tokens}: "
+                          f"the target's context is {n:,} tokens, prompt and answer together; no prompt would fit")
 
 def _escaping_output():
     "Print what cannot be encoded (a file name that is not UTF-8) as backslash escapes rather than fail."
@@ -838,8 +819,8 @@ def run_regen(a: RegenCommand) -> int:
                 raise type(err)(f"{err}; {_last_written(man, out)}") from None
     print(summary(r, time.perf_counter() - t0, out), flush=True)
     if r["done"] and not r.get("prompts", 0) - r.get("too_long", 0):   # shards with no record: not a success
-        raise ConfigError(f"no completion was written: all {r.get('prompts', 0)} prompts of the {r['done']} shards "
-                          "done were skipped (longer than the target's context with --max-new-tokens)")
+        what, why = f"all {r.get('prompts', 0)} prompts of the {r['done']} shards done", "with --max-new-tokens"
+        raise ConfigError(f"no completion was written: {what} were skipped (longer than the target's context {why})")
     return 0
 
 # %% ../nbs/01h_regen.ipynb #0051f012

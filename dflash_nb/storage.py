@@ -11,8 +11,8 @@ from .config import ConfigError, ExpectedError, read_document
 
 # %% auto #0
 __all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'own_temps', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes',
-           'atomic_dir', 'UnsafePathError', 'plain_name', 'checked_path', 'inside_dir', 'read_json', 'within',
-           'clear_of_inputs', 'split_s3', 's3_client']
+           'atomic_dir', 'UnsafePathError', 'plain_name', 'file_kind', 'checked_path', 'inside_dir', 'read_json',
+           'within', 'clear_of_inputs', 'split_s3', 's3_client']
 
 # %% ../nbs/00b_storage.ipynb #36e250a1
 def fsync_file(path):
@@ -114,7 +114,8 @@ def plain_name(name, where: str) -> str:   # where: the file the name was read f
     return name
 
 # %% ../nbs/00b_storage.ipynb #15839251
-def _what(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    "What kind of file a stat mode is, in words ('a FIFO', 'a directory', ...)."
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
              (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"))
     return next((name for test, name in kinds if test(mode)), "a special file")
@@ -125,7 +126,7 @@ def checked_path(path, kind: str = "file", within=None) -> Path:   # within: the
     try: mode = os.stat(p).st_mode                         # stat follows links and never opens the file
     except FileNotFoundError: raise FileNotFoundError(f"{p} does not exist") from None
     want = "a directory" if kind == "dir" else "a regular file"
-    if _what(mode) != want: raise UnsafePathError(f"{p} is {_what(mode)}, not {want}; refusing to read it")
+    if file_kind(mode) != want: raise UnsafePathError(f"{p} is {file_kind(mode)}, not {want}; refusing to read it")
     if within is not False:
         base, real = Path(p.parent if within is None else within).resolve(), p.resolve()
         if real != base and base not in real.parents:

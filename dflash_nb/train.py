@@ -126,8 +126,9 @@ def _tokenized(key: str, data_dir):
     "A local tokenized data dir holds a manifest and shards that pass every check (s3:// is checked where it is read)."
     if not data_dir or str(data_dir).startswith("s3://"): return
     if not (Path(data_dir) / "manifest.json").exists():
-        raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); tokenize it first with "
-                          f"`python -m dflash_nb.data`, or list raw JSONL in `inputs` to tokenize it in this run")
+        raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); "
+                          "tokenize it first with `python -m dflash_nb.data`, "
+                          "or list raw JSONL in `inputs` to tokenize it in this run")
     from dflash_nb.shards import read_shards
     read_shards(data_dir)   # memory-mapped: bad data is refused here, before the run dir is created or written
 
@@ -147,9 +148,11 @@ def check_run(cfg: RunConfig):
             why = "a run never writes where it reads; pick another train.run_dir"
             raise ConfigError(f"train.run_dir {tc.run_dir} lies in {key} {read}: {why}")
     if rg.prompts and tc.target.tp_size > 1:   # rank 0 alone would generate, but a split target runs as a group
-        raise ConfigError(f"regenerate.prompts with train.target.tp_size={tc.target.tp_size}: a split target does not "
-                          f"regenerate inside a training run; run dflash-regen --engine vllm --tensor-parallel-size "
-                          f"{tc.target.tp_size} and dflash-data first, then train on train.data_dir")
+        n = tc.target.tp_size
+        raise ConfigError(f"regenerate.prompts with train.target.tp_size={n}: "
+                          "a split target does not regenerate inside a training run; "
+                          f"run dflash-regen --engine vllm --tensor-parallel-size {n} and dflash-data first, "
+                          "then train on train.data_dir")
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
     if rg.prompts and rg.engine == "vllm":
