@@ -158,7 +158,8 @@ def tokens_seen(metrics: Path) -> dict[int, int]:
     return seen
 
 
-def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: str = "float32") -> list[dict]:
+def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: str = "float32",
+              done=()) -> list[dict]:   # done: rows measured before (same samples): their steps are not walked again
     "Held-out τ and per-slot acceptance of every checkpoint the run kept (the decoding walk), with the tokens seen."
     import torch
     from dflash_nb.checkpoint import step_dirs, step_of
@@ -166,8 +167,9 @@ def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: st
     from dflash_nb.target import TargetFeatures
     from dflash_nb.train import measure_tau
     model = load_target_spec(target, device="cpu", dtype=getattr(torch, dtype))   # a model dir, or "tiny"
-    seen, rows = tokens_seen(run_dir / "metrics.jsonl"), []
+    seen, rows = tokens_seen(run_dir / "metrics.jsonl"), [r for r in done if r["samples"] <= samples]
     for d in step_dirs(run_dir / "checkpoints"):
+        if step_of(d.name) in {r["step"] for r in rows}: continue
         drafter = load_drafter_dir(d, model)
         feats = TargetFeatures(model, drafter.config.target_layer_ids)
         r = measure_tau(drafter, feats, heldout, samples, drafter.config.block_size)
@@ -176,7 +178,7 @@ def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: st
                      "samples": r["samples"], "load": load()})
         print(f"step {step}: τ {r['tau']:.3f} on {r['samples']} held-out samples, per slot "
               f"{' '.join(f'{p:.3f}' for p in r['per_position'][:4])}", flush=True)
-    return rows
+    return sorted(rows, key=lambda r: r["step"])
 
 
 def sweep_prompts(run_dir: Path, prompts: str | None, heldout: Path | None, tmp: Path) -> tuple[Path, dict, dict]:
@@ -284,7 +286,7 @@ def main(argv=None) -> int:
     if prev.get("tau_curve"): out["tau_curve"] = prev["tau_curve"]   # kept from --out unless measured again
     if a.curve:
         heldout = Path(a.heldout or run_dir / "data" / "heldout")
-        out["tau_curve"] = tau_curve(run_dir, a.target, heldout, a.curve_samples)
+        out["tau_curve"] = tau_curve(run_dir, a.target, heldout, a.curve_samples, done=out.get("tau_curve", ()))
         write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
     if not a.no_cost:
         for dt in a.dtypes:
