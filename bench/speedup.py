@@ -269,6 +269,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", default=None, help="tokenized held-out data for --curve (default: the run's)")
     ap.add_argument("--curve-samples", type=int, default=64, help="held-out samples walked per checkpoint")
     ap.add_argument("--no-cost", action="store_true", help="the sweep only (the cost model kept from --out)")
+    ap.add_argument("--prompt-set", default=None, help="prompt_set.json of bench/prompt_set.py, recorded as the "
+                    "prompt set's size and sources")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speedup-cpu.json"))
     a = ap.parse_args(argv)
@@ -282,6 +284,8 @@ def main(argv=None) -> int:
                "head_dim", "intermediate_size", "vocab_size")}},
            "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
+    if a.prompt_set: out["prompt_set"] = json.loads(Path(a.prompt_set).read_text())
+    elif prev.get("prompt_set"): out["prompt_set"] = prev["prompt_set"]
     pp = trained["per_position"] or []
     if prev.get("tau_curve"): out["tau_curve"] = prev["tau_curve"]   # kept from --out unless measured again
     if a.curve:
