@@ -153,8 +153,7 @@ def _flex(q, k, v, block_mask, scale):
 
 # %% ../nbs/04a_attention.ipynb #dd0cf0c8
 def _triton(q, k, v, ctx_start, ctx_end, block_size, causal_in_block, scale, window):
-    # lazy: Triton is only needed for this backend
-    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton
+    from dflash_nb.kernels.anchor_attention import anchor_block_attention_triton   # optional: triton, this backend only
 
     return anchor_block_attention_triton(
         q, k, v, ctx_start, ctx_end, block_size, causal_in_block=causal_in_block, scale=scale, window=window
@@ -246,7 +245,7 @@ def _probe_inputs(device, dtype, H, Hkv, D, S, N, B):
 # %% ../nbs/04a_attention.ipynb #a4e1c0b2
 def _probe(name, row, q, k, v, kinds):
     "Run one backend forward + backward on every kind; raise on any failure; return a short note."
-    from dflash_nb.kernels.anchor_attention import interpret_requested  # lazy: no kernel module for other backends
+    from dflash_nb.kernels.anchor_attention import interpret_requested  # optional: triton, no kernel module for others
 
     device, dtype, H, D = q.device, q.dtype, q.shape[1], q.shape[-1]
     if name == "triton" and device.type == "cpu" and not interpret_requested():

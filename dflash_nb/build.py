@@ -8,11 +8,16 @@ import contextlib, datetime, os, time
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from .config import ConfigError
+from .config import ConfigError, read_document
 from .commands import check_device
 from .train_config import TargetConfig, TrainConfig   # chapter Train config: the annotations
 from .parallel import (   # chapter Parallel: a target split over a TP group
     layout, tp_mesh, load_target_tp, saved_tiny_target, plain_copy, is_split)
+from .records import qwen3_tokenizer_dir
+from .attention import select_backend
+from .model import (
+    DrafterConfig, resolve_mask_token_id, DFlashDrafter, check_target_layer_ids, read_exported_config)
+from .target import tiny_target, load_target
 
 # %% auto #0
 __all__ = ['dist_env', 'rank_devices', 'init_distributed', 'check_tp_devices', 'cpu_bf16', 'drafter_autocast', 'precision',
@@ -142,14 +147,12 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
     "Tokenizer directory of the target (the bundled real Qwen3 tokenizer for the tiny target)."
     if tc.tokenizer: return Path(tc.tokenizer)
     if tc.path: return Path(tc.path)
-    from dflash_nb.records import qwen3_tokenizer_dir
     return qwen3_tokenizer_dir()
 
 def build_target(tc: TargetConfig, device: torch.device,
                  root=None,                  # a split tiny target is saved here first (the run dir)
                  timeout_s: float = 1800.0): # train.collective_timeout_s, for the TP group's collectives
     "The frozen target CausalLM on `device`: whole, or with `tp_size` > 1 this rank's slices of it (chapter Parallel)."
-    from dflash_nb.target import tiny_target, load_target
     dt = _dtype(tc.dtype, device)
     if tc.tp_size > 1:
         layout(tc.tp_size)    # a world that tp does not divide: one line, before any collective
@@ -163,7 +166,6 @@ def build_target(tc: TargetConfig, device: torch.device,
 # %% ../nbs/08d_build.ipynb #2c51b35e
 def drafter_config(target_model, overrides: dict, tokenizer=None):
     "DrafterConfig from the target's HF config plus `overrides` (the mask token from the tokenizer unless given)."
-    from dflash_nb.model import DrafterConfig, resolve_mask_token_id
     hf = target_model.config
     if hasattr(hf, "get_text_config"): hf = hf.get_text_config()
     ov = dict(overrides)
@@ -174,7 +176,6 @@ def drafter_config(target_model, overrides: dict, tokenizer=None):
 def build_drafter(drafter_cfg, features, device: torch.device, seed: int):
     "A new drafter on `device` (its init depends only on `seed`), sharing the target's frozen embedding and lm_head."
     import copy
-    from dflash_nb.model import DFlashDrafter
     embed, head = features.embed_tokens, features.lm_head
     if is_split(embed.weight) or is_split(head.weight):   # a split target's: gathered whole (a collective, once)
         embed, head = plain_copy(embed, device), plain_copy(head, device)
@@ -202,7 +203,6 @@ def warm_start_config(init_dir,                 # a serving-format drafter direc
                       tokenizer=None,           # resolves the mask token when the overrides need one
                      ):
     "The DrafterConfig of a warm start: the directory's, or the run's once they agree field by field."
-    from dflash_nb.model import check_target_layer_ids, read_exported_config
     init_dir = Path(init_dir)
     if not (init_dir / "config.json").is_file() or not (init_dir / "model.safetensors").is_file():
         raise ConfigError(f"init_from={init_dir}: expected a drafter directory with config.json and model.safetensors")
@@ -286,7 +286,6 @@ def _drafter_dims(cfg: TrainConfig, target) -> tuple[dict, str]:
                                                "num_key_value_heads", "head_dim", "vocab_size")}
     dims["num_key_value_heads"] = dims["num_key_value_heads"] or dims["num_attention_heads"]
     dims.update(num_hidden_layers=5, block_size=16, num_target_features=5)
-    from dflash_nb.config import read_document
     src, prefix = {}, "drafter."
     if cfg.init_from and Path(cfg.init_from, "config.json").is_file():    # within limits, before any drafter exists
         d = read_document(Path(cfg.init_from) / "config.json", "json")
@@ -342,8 +341,6 @@ def _refuse_beyond(parts: dict, device: torch.device, who):   # who: a name, or 
 def target_dims(tc: TargetConfig) -> tuple[dict, str]:
     "The target's sizes from its config alone (the tiny target's arguments, or `path`/config.json) and their source."
     import inspect
-    from dflash_nb.config import read_document
-    from dflash_nb.target import tiny_target
     if tc.path is None:
         own = {k: v.default for k, v in inspect.signature(tiny_target).parameters.items() if k != "dtype"}
         t = {**own, **tc.tiny}
@@ -429,7 +426,6 @@ def pick_backend(name: str,                  # train.backend: auto, flex, triton
     if device.type != "cuda":
         return "sdpa", "CPU: flex_attention has no backward on CPU and the Triton interpreter is for tests"
     try:
-        from dflash_nb.attention import select_backend
         c = drafter_cfg
         layers = [(c.sliding_window, True) if t == "sliding" else (None, False) for t in c.resolved_layer_types]
         return select_backend(device, dtype, c.num_attention_heads, c.num_key_value_heads, c.head_dim, seq_len,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 import torch
 import torch.distributed as dist
-from .config import opt, save_config, to_dict
+from .config import opt, save_config, to_dict, load_config
 from .storage import (UnsafePathError, atomic_dir, atomic_write_text, checked_path, own_temps,
                                read_json, s3_client, split_s3)
 
@@ -502,7 +502,6 @@ def preflight_run_dir(cfg):
 # %% ../nbs/08a_checkpoint.ipynb #0aa23eb4
 def resume_changes(ckpt_dir, cfg) -> list[str]:   # cfg: the trainer's config given now (its class reads the old one)
     "What changed in the optimizer, the schedule or the step count between a checkpoint's config.yaml and `cfg`."
-    from dflash_nb.config import load_config
     f = Path(ckpt_dir) / "config.yaml"
     if not f.exists(): return []
     try: old = load_config(type(cfg), f)   # YAML safe_load + strict typing: data only

@@ -18,6 +18,11 @@ def generated_span(
     idx = torch.nonzero(m).flatten()
     if idx.numel() == 0: return 0, 0
     return int(idx[0]), int(idx[-1]) + 1
+from .progress import progress
+from .anchors import block_input_ids, block_position_ids
+from .attention import AnchorBlockLayout
+from .model import check_target_layer_ids
+from .target import TargetFeatures, find_decoder_layers
 
 # %% auto #0
 __all__ = ['CACHE_MODES', 'generated_span', 'accepted_prefix', 'AcceptanceStats', 'check_sampling', 'sampling_probs',
@@ -140,8 +145,6 @@ class DrafterProposer:
 
     def _hidden(self, input_ids, features, anchors, position_ids):
         "Yield (anchors, (n, B−1, H) drafter hidden states of slots 1..B−1) per chunk of `max_anchors` anchors."
-        from dflash_nb.attention import AnchorBlockLayout
-        from dflash_nb.anchors import block_input_ids, block_position_ids
         d, B = self.drafter, self.block_size
         dev = d.fc.weight.device  # the drafter's device (may differ from the target's: device pairs)
         features = features.to(dev)
@@ -277,7 +280,6 @@ def _loop_setup(drafter, model, prompt_ids, block_size, layer_ids, backend):
     return B, layer_ids, _as_proposer(drafter, B, backend, 1), dev, torch.as_tensor(prompt_ids).long().to(dev)
 
 def _as_features(target, layer_ids):
-    from dflash_nb.target import TargetFeatures
     if isinstance(target, TargetFeatures): return target
     if layer_ids is None: raise ValueError("a bare target model needs layer_ids (the drafter's target_layer_ids)")
     return TargetFeatures(target, layer_ids)
@@ -302,7 +304,6 @@ def acceptance_length(
     proposer = _as_proposer(drafter, B, backend, chunk)
     feats = _as_features(target, getattr(cfg, "target_layer_ids", None))
     stats, n_done, per_sample = AcceptanceStats(B), 0, []
-    from dflash_nb.progress import progress
     total = min(len(samples), num_samples or len(samples)) if hasattr(samples, "__len__") else num_samples
     for s in progress(samples, total=total, desc="acceptance length", unit="samples"):
         if num_samples is not None and n_done >= num_samples: break
@@ -340,8 +341,6 @@ def _crop_cache(cache, length: int):
 @contextlib.contextmanager
 def capture_layers(model, layer_ids):
     "Forward hooks on the target's decoder layers `layer_ids`; yields a dict of each layer's output at every forward."
-    from dflash_nb.target import find_decoder_layers
-    from dflash_nb.model import check_target_layer_ids
     layers, store = find_decoder_layers(model), {}
     check_target_layer_ids(layer_ids, len(layers))  # layer L - 1 is served after the final norm: refused as in training
     def make(i):

@@ -10,7 +10,14 @@ import torch
 from torch import nn
 from .storage import atomic_dir, clear_of_inputs, read_json
 from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
-
+from .model import DFlashDrafter, DrafterConfig
+from .config import ConfigError, load_config, from_dict, read_document
+from .commands import run_cli
+from .records import load_tokenizer
+from .target import tiny_target
+from .checkpoint import resolve_checkpoint
+from .train_config import TrainConfig
+from .build import available_bytes, drafter_config, tokenizer_dir
 
 # %% auto #0
 __all__ = ['NonFiniteWeightsError', 'check_finite_weights', 'CorruptWeightsError', 'read_safetensors', 'write_modeling_code',
@@ -177,8 +184,6 @@ def check_drafter_fits(cfg,                     # the DrafterConfig about to be 
                        blocks: int = 1,         # blocks drafted in one forward (evaluate's --chunk)
                        what: str = "config.json"):   # the setting the figures come from, for the message
     "Refuse (one line with the figures) a drafter whose weights and one draft forward cannot fit `device`'s memory."
-    from dflash_nb.build import available_bytes
-    from dflash_nb.config import ConfigError
     device = torch.device(device or "cpu")
     H, I, L, B = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, block_size or cfg.block_size
     q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
@@ -195,13 +200,11 @@ def check_drafter_fits(cfg,                     # the DrafterConfig about to be 
 # %% ../nbs/10_export.ipynb #08b4ccf2
 def _check_shapes(sd: dict, cfg):
     "Names and shapes of `sd` against a drafter built from `cfg` on the meta device (no memory)."
-    from dflash_nb.model import DFlashDrafter
     with torch.device("meta"):
         ref = DFlashDrafter(cfg, nn.Identity(), nn.Identity()).state_dict()
     missing, extra = sorted(set(ref) - set(sd)), sorted(set(sd) - set(ref))
     wrong = [k for k in ref if k in sd and tuple(ref[k].shape) != tuple(sd[k].shape)]
     if missing or extra or wrong:
-        from dflash_nb.config import ConfigError
         raise ConfigError(f"checkpoint does not fit its drafter config: missing {missing[:3]}, unexpected {extra[:3]}, "
                          f"wrong shapes {[(k, tuple(sd[k].shape), tuple(ref[k].shape)) for k in wrong[:3]]}")
 
@@ -214,10 +217,8 @@ def load_exported_drafter(
     dtype: torch.dtype | None = None,  # None: the dtype stored in the file
 ):
     "A `DFlashDrafter` rebuilt from an exported directory and the target's embedding / lm_head."
-    from dflash_nb.model import DFlashDrafter
     cfg = read_exported_config(path)
     rows, width = embed_tokens.weight.shape
-    from dflash_nb.config import ConfigError
     if cfg.vocab_size is not None and rows != cfg.vocab_size:
         raise ConfigError(f"the target's embedding has {rows} rows, "
                           f"the drafter was trained for vocab_size={cfg.vocab_size}")
@@ -239,7 +240,6 @@ def load_exported_drafter(
 def _target_hf_config(tc):
     "The target's transformers config from a trainer TargetConfig, without loading big weights."
     if tc.path is None:
-        from dflash_nb.target import tiny_target
 
         return tiny_target(**tc.tiny).config
     from transformers import AutoConfig
@@ -250,11 +250,6 @@ def _target_hf_config(tc):
 def checkpoint_drafter_config(ckpt):
     "The resolved `DrafterConfig` of a trainer checkpoint: recorded, else rebuilt from its run config."
     from types import SimpleNamespace
-    from dflash_nb.config import load_config, from_dict, read_document, ConfigError
-    from dflash_nb.model import DrafterConfig
-    from dflash_nb.train_config import TrainConfig
-    from dflash_nb.build import drafter_config, tokenizer_dir
-    from dflash_nb.records import load_tokenizer
 
     d = Path(ckpt)
     for name in ("drafter_config.json", "drafter_config.yaml"):
@@ -270,7 +265,6 @@ def checkpoint_drafter_config(ckpt):
 # %% ../nbs/10_export.ipynb #76a12552
 def _checkpoint_step(d: Path):
     "The step recorded in a checkpoint's state.json (None without one); a malformed one is a one-line error."
-    from dflash_nb.config import ConfigError, read_document
     if not (d / "state.json").exists(): return None
     st = read_document(d / "state.json", "json")          # size, depth and syntax bounded
     if not isinstance(st, dict):
@@ -297,7 +291,6 @@ def export_checkpoint(
     overwrite: bool = True,  # replace a previous export in out_dir
 ) -> Path:
     "Export a trainer checkpoint to the serving format."
-    from dflash_nb.checkpoint import resolve_checkpoint
 
     check_export_dir(out_dir, overwrite)  # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
@@ -319,7 +312,6 @@ def export_checkpoint(
 # %% ../nbs/10_export.ipynb #6ce785fe
 def check_num_speculative_tokens(k: int, checkpoint) -> int:
     "`k` unless the checkpoint's drafter cannot fill it (1..block − 1): then one line, before anything is written."
-    from dflash_nb.checkpoint import resolve_checkpoint
     if k < 1: raise ExpectedError(f"--num-speculative-tokens {k}: must be >= 1")
     block = checkpoint_drafter_config(resolve_checkpoint(checkpoint)).block_size
     if k > block - 1:
@@ -402,7 +394,6 @@ def main(argv=None):
 # %% ../nbs/10_export.ipynb #45f1ddf4
 def cli():
     "Console script `dflash-export` (`python -m dflash_nb.export`): `main` through `run_cli`; its path is no exit code."
-    from dflash_nb.commands import run_cli
 
     sys.exit(run_cli(main, prog="dflash_nb.export"))
 

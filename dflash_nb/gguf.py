@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib.util, json, os, sys
 from pathlib import Path
 import torch
+from .config import read_document, ConfigError
+from .storage import atomic_dir
+from .commands import run_cli
 
 # %% auto #0
 __all__ = ['SMOLLM2_WHEEL', 'SMOLLM2_FILE', 'smollm2_gguf_path', 'fix_pre_tokenizer', 'GGUFError', 'check_gguf_header',
@@ -89,7 +92,6 @@ def check_gguf_out(out, replace: bool = False):
         raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
     names = set(os.listdir(out))
     if not names: return
-    from dflash_nb.config import read_document, ConfigError
     try: rec = read_document(out / _GGUF_RECORD, "json") if (out / _GGUF_RECORD).is_file() else None
     except ConfigError: rec = None
     files = rec.get("files") if isinstance(rec, dict) else None
@@ -145,7 +147,6 @@ def gguf_to_hf(gguf_path,                       # a .gguf file transformers can 
         raise ValueError(f"mask token {mask_token!r} is not a free special token of this vocabulary; pick another")
     tok.mask_token = mask_token
     model = plain_model(load_gguf_model(gguf_path), getattr(torch, dtype))
-    from dflash_nb.storage import atomic_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with atomic_dir(out_dir) as tmp:     # swapped in whole: a killed conversion leaves the previous one
         model.save_pretrained(tmp)
@@ -195,7 +196,6 @@ def main(argv=None) -> int:
 # %% ../nbs/07b_gguf.ipynb #9b3bdb60
 def cli():
     "Console script `dflash-gguf` (same as `python -m dflash_nb.gguf`): expected failures are one line and exit 2."
-    from dflash_nb.commands import run_cli
     sys.exit(run_cli(main, prog="dflash_nb.gguf", expected=(ValueError,)))
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules: cli()

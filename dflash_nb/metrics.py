@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 import torch
 import torch.distributed as dist
+from .progress import Progress, fmt_duration
 
 # %% auto #0
 __all__ = ['Stopwatch', 'peak_memory_gb', 'Metrics', 'RunLog', 'log_line', 'projected_cost', 'format_cost']
@@ -133,7 +134,6 @@ class RunLog:
 
     def start(self, start: int, warmup: int = 3):
         "The step progress (dflash_nb.progress): a bar on a terminal, lines with elapsed, rate and ETA in a log file."
-        from dflash_nb.progress import Progress
         # the first `warmup` steps compile kernels and fill caches: left out of the rate, the ETA is sane at once
         warmup = min(warmup, max(self.total - start - 1, 0))
         self.progress = Progress(self.total, "train", "steps", initial=start, warmup=warmup, enabled=self.on)
@@ -175,7 +175,6 @@ def log_line(rec: dict) -> str:
     "The line an interval record prints: the measurements, or an event and its fields."
     if "event" in rec:
         return "  [" + rec["event"] + "] " + ", ".join(f"{k}={v}" for k, v in rec.items() if k not in ("event", "time"))
-    from dflash_nb.progress import fmt_duration
     acc = rec.get("acc") or [None]
     return (f"step {rec['step']:>6}/{rec['total']}  loss {_num(rec['loss'], '.4f')}  acc@1 {_num(acc[0], '.3f')}  "
             f"tau~{_num(rec['tau_est'], '.2f')}  lr {rec['lr']:.2e}  {_num(rec['tokens_per_s'], '.0f')} tok/s  "
@@ -204,7 +203,6 @@ def projected_cost(rec: dict,              # the first measured interval's recor
 # %% ../nbs/08e_metrics.ipynb #45860340
 def format_cost(c: dict) -> str:
     "Two lines: the projected time, and the side that bounds a step with the anchors that would balance a split pair."
-    from dflash_nb.progress import fmt_duration
     balance = (f"on a split target→drafter pair about {c['balanced_anchors_per_row']} anchors per row (now "
                f"{c['anchors_per_row']}) would keep both busy, if the drafter's time is proportional to its anchors"
                if c["balanced_anchors_per_row"] else "the drafter's share was not measured")

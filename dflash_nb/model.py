@@ -11,8 +11,9 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .config import opt
+from .config import opt, to_dict, from_dict, ConfigError, read_document
 from .config import patch
+from .attention import anchor_block_attention
 
 # %% auto #0
 __all__ = ['LayerType', 'SERVING_ARCH', 'default_target_layer_ids', 'check_target_layer_ids', 'DrafterConfig',
@@ -314,7 +315,6 @@ class DrafterAttention(nn.Module):
         return tuple(t.transpose(0, 1)[None].to(v.dtype) for t in (q, k, v))
 
     def forward(self, x, ctx, rope, layout, backend: str = "sdpa"):
-        from dflash_nb.attention import anchor_block_attention
         q, k, v = self.qkv(x, ctx, *rope)
         anchors, keep, doc_ids, B = _layout_args(layout)
         o = anchor_block_attention(q, k, v, anchors, keep, doc_ids, B, window=self.window,
@@ -444,7 +444,6 @@ def serving_config(
     dtype: str | None = None,  # the weights' dtype name written as `dtype` (e.g. "bfloat16")
 ) -> dict:
     "The serving `config.json` of a drafter: a Qwen3 config plus DFlash's block size, mask token and target layer ids."
-    from dflash_nb.config import to_dict
     kinds = [_LAYER_KIND[k] for k in cfg.layer_types]
     sliding = any(k == "sliding_attention" for k in kinds)
     rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": float(cfg.rope_theta)}
@@ -474,7 +473,6 @@ def drafter_config_from_serving(
     d: dict,  # a serving config.json as a dict (ours, or z-lab's)
 ):
     "The `DrafterConfig` of a serving config: the exact one we recorded, else rebuilt from the Qwen3/DFlash fields."
-    from dflash_nb.config import from_dict
 
     if "dflash_nb_drafter_config" in d:
         return from_dict(DrafterConfig, d["dflash_nb_drafter_config"]).validate()
@@ -519,7 +517,6 @@ _SERVED_INTS = {"hidden_size": 1, "num_attention_heads": 1, "num_key_value_heads
 
 def check_served_fields(d: dict, source: str):
     "Each size and id of a serving config.json (top level, `dflash_config`, our record) a whole number in range."
-    from dflash_nb.config import ConfigError
     for where, sec in (("", d), ("dflash_config.", d.get("dflash_config")), ("dflash_nb_drafter_config.",
                                                                             d.get("dflash_nb_drafter_config"))):
         if sec is None: continue
@@ -545,7 +542,6 @@ def check_served_fields(d: dict, source: str):
 # %% ../nbs/05_model.ipynb #20d6128f
 def read_exported_config(path):
     "The `DrafterConfig` recorded in an exported directory's config.json; a broken or foreign one is a `ConfigError`."
-    from dflash_nb.config import ConfigError, read_document
     d = read_document(Path(path) / "config.json", "json")   # size, depth and syntax: one line naming the file
     if not isinstance(d, dict) or SERVING_ARCH not in (d.get("architectures") or []):
         archs = d.get("architectures") if isinstance(d, dict) else type(d).__name__

@@ -8,6 +8,9 @@ import inspect, json, os
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
+from .storage import checked_path
+from .records import RecordError, normalize_messages, ChatRenderer
+from .inputs import parse_line
 
 # %% auto #0
 __all__ = ['PROMPT_ROLES', 'HUMANEVAL_INSTRUCTION', 'PROMPT_FORMATS', 'MAX_PROMPT_RECORD_BYTES', 'MAX_PROMPT_JSON_DEPTH',
@@ -22,7 +25,6 @@ class PromptFileError(ValueError):
 # %% ../nbs/01e_prompts.ipynb #2c6df67f
 def _user(rec: dict, key: str) -> str:
     "The non-empty string in `rec[key]`, or a RecordError naming the field."
-    from dflash_nb.records import RecordError
     v = rec.get(key)
     if v is None: raise RecordError("missing_field", f"no {key!r} field")
     if not isinstance(v, str): raise RecordError("wrong_type", f"{key!r} must be a string, got {type(v).__name__}")
@@ -32,7 +34,6 @@ def _user(rec: dict, key: str) -> str:
 # %% ../nbs/01e_prompts.ipynb #ee4788f0
 def _user_turns(rec: dict, key: str) -> tuple[list, list]:
     "(first user message, later user turns) from a list of strings in `rec[key]` (MT-Bench's `turns`)."
-    from dflash_nb.records import RecordError
     v = rec.get(key)
     if not isinstance(v, list) or not v: raise RecordError("wrong_type", f"{key!r} must be a non-empty list of strings")
     turns = [_user({f"{key}[{i}]": t}, f"{key}[{i}]") for i, t in enumerate(v)]
@@ -40,7 +41,6 @@ def _user_turns(rec: dict, key: str) -> tuple[list, list]:
 
 def _chat_record(rec: dict, role_map: dict) -> tuple[list, list]:
     "(messages, later user turns) of this project's own shapes: `prompt` (a string or a list of turns) or `messages`."
-    from dflash_nb.records import normalize_messages, RecordError
     prompt = rec.get("prompt")
     if isinstance(prompt, str): return [{"role": "user", "content": _user(rec, "prompt")}], []
     if isinstance(prompt, list) and prompt and all(isinstance(t, str) for t in prompt):
@@ -59,7 +59,6 @@ def _mbpp_text(rec: dict) -> str:
 
 def _alpaca_text(rec: dict) -> str:
     "Alpaca's instruction, then its input when there is one."
-    from dflash_nb.records import RecordError
     extra = rec.get("input") or ""
     if not isinstance(extra, str):
         raise RecordError("wrong_type", f"'input' must be a string, got {type(extra).__name__}")
@@ -105,7 +104,6 @@ MAX_PROMPT_FILE_BYTES = 256 << 20  # records read from one file (JSONL bytes, Pa
 
 def _check_depth(obj, limit: int = MAX_PROMPT_JSON_DEPTH):
     "Raise RecordError when `obj` nests lists/objects deeper than `limit` (iterative: no recursion on hostile input)."
-    from dflash_nb.records import RecordError
     stack = [(obj, 1)]
     while stack:
         o, d = stack.pop()
@@ -118,8 +116,6 @@ BOM = b"\xef\xbb\xbf"   # the UTF-8 byte-order mark: not part of the first recor
 
 def _jsonl_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_BYTES):   # None: no total cap
     "(where, record) of a JSONL file, line by line: a line is never read past `max_bytes`, nor the file past `cap`."
-    from dflash_nb.records import RecordError
-    from dflash_nb.inputs import parse_line
     with open(p, "rb") as f:
         n = total = 0
         while line := f.readline(max_bytes + 1):
@@ -203,8 +199,6 @@ def _parquet_records(p: Path, max_bytes: int, cap: int | None = MAX_PROMPT_FILE_
 # %% ../nbs/01e_prompts.ipynb #57e1a736
 def _json_array_records(p: Path, max_bytes: int):
     "(where, record) of a file holding one JSON array, parsed whole (refused above MAX_JSON_ARRAY_BYTES)."
-    from dflash_nb.records import RecordError
-    from dflash_nb.inputs import parse_line
     if p.stat().st_size > MAX_JSON_ARRAY_BYTES:
         raise PromptFileError(f"{p}: a JSON array file over {MAX_JSON_ARRAY_BYTES >> 20} MiB; "
                               "write it as JSONL, one record a line")
@@ -226,7 +220,6 @@ def _json_array_records(p: Path, max_bytes: int):
 def prompt_records(path, max_record_bytes: int = MAX_PROMPT_RECORD_BYTES,
                    max_file_bytes: int | None = MAX_PROMPT_FILE_BYTES):   # None: no cap (a reader that holds nothing)
     "(where, record) of a JSONL, Parquet or JSON-array file, told apart by their first bytes, never read whole first."
-    from dflash_nb.storage import checked_path
     p = Path(path)
     if not os.path.lexists(p): raise PromptFileError(f"{p}: no such prompt file")
     checked_path(p, within=False)                      # a FIFO or a device is refused before it is opened
@@ -270,7 +263,6 @@ def prompt_conversations(
     max_file_bytes: int | None = MAX_PROMPT_FILE_BYTES,  # records read from the file in all (None: no cap)
 ):
     "(where, format, messages, later user turns) of each record, read as it goes; reference answers are dropped."
-    from dflash_nb.records import RecordError
     role_map = {"human": "user", "gpt": "assistant"} if role_map is None else role_map
     if prompt_format is not None and prompt_format not in PROMPT_FORMATS:
         raise PromptFileError(f"{path}: unknown format {prompt_format!r} (formats: {', '.join(PROMPT_FORMATS)})")
@@ -295,7 +287,6 @@ def prompt_conversations(
 
 def _check_text(obj):
     "Raise RecordError when a string in `obj` holds a lone surrogate (valid JSON, but not text UTF-8 can encode)."
-    from dflash_nb.records import RecordError
     try: json.dumps(obj, ensure_ascii=False).encode()
     except UnicodeEncodeError as e:
         raise RecordError("bad_text", f"a lone surrogate \\u{ord(e.object[e.start]):04x} in the text: "
@@ -348,7 +339,6 @@ def render_prompts(
     followups=None,         # per conversation, later user turns (default: a PromptFile's own): those become MultiTurn
 ) -> list:
     "Token ids of each conversation rendered with the generation prompt; a multi-turn one becomes a `MultiTurn`."
-    from dflash_nb.records import ChatRenderer
     kw = dict(chat_template_kwargs or {})
     if "chat_template_kwargs" in inspect.signature(ChatRenderer).parameters:
         r = ChatRenderer(tokenizer, enable_thinking=enable_thinking, chat_template_kwargs=kw)

@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Literal, Optional
 import torch
 from .config import ConfigError, opt, parse_cli
-from .commands import run_cli
-from .records import DataConfig
+from .commands import run_cli, scratch_dir, check_device
+from dflash_nb.records import (
+    DataConfig, split_think, normalize_record, RecordError, ChatRenderer, SampleEncoder, template_fingerprint,
+    load_tokenizer)
 from .progress import Progress, progress, stage
-from .storage import atomic_write_text, clear_of_inputs, file_kind
+from .storage import atomic_write_text, clear_of_inputs, file_kind, atomic_write_bytes
 from .config import patch
+from .inputs import list_inputs, open_input
+from .prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, prompt_conversations, PromptFileError
+from .serving import VLLMEngine, ServingError, ServingUnavailable, MAX_TIMEOUT_S, serving_python
 
 # %% auto #0
 __all__ = ['MANIFEST', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling',
@@ -48,7 +53,6 @@ def _first_diff(a: list, b: list) -> int:
 # %% ../nbs/01h_regen.ipynb #98b1e9a3
 def _assistant(text: str) -> dict:
     "The assistant turn as the template reads it: reasoning the target wrote in <think>…</think> apart from the answer."
-    from dflash_nb.records import split_think
     reasoning, content = split_think(text)
     if reasoning is None: return {"role": "assistant", "content": text}
     return {"role": "assistant", "reasoning_content": reasoning, "content": content}
@@ -66,7 +70,6 @@ def _greedy_prefix(target, prompt_ids: list[int], gen: list[int]) -> int:
 # %% ../nbs/01h_regen.ipynb #12b037b9
 def _round_trip(encoder, tokenizer, prompt: list[dict], prompt_ids: list[int], gen: list[int], eot: list[int]):
     "(text, n): the longest gen[:n] whose decoded text the data pipeline tokenizes back to prompt_ids + gen[:n] + eot."
-    from dflash_nb.records import normalize_record, RecordError
     for _ in range(8):                     # a cut can change the last word's tokens again: repeat until stable
         text = tokenizer.decode(gen, skip_special_tokens=False)
         enc = encoder.encode([normalize_record({"messages": prompt + [{"role": "assistant", "content": text}]})])[0]
@@ -101,7 +104,6 @@ class CompletionCheck:
     "The data pipeline's view of completions: the prompt ids it renders, and records that tokenize back to the tokens."
     def __init__(self, tokenizer, data_cfg: DataConfig | None = None,
                  end_ids=()):                   # more ids that end a completion (the target's generation config eos)
-        from dflash_nb.records import ChatRenderer, SampleEncoder
         c = data_cfg or DataConfig()
         self.tokenizer, self.encoder = tokenizer, SampleEncoder(tokenizer, c)
         self.renderer = ChatRenderer(tokenizer, c.enable_thinking, c.end_of_turn, c.chat_template_kwargs)
@@ -455,7 +457,6 @@ class _SpoolField:
 def spool_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Optional[int] = None,
                   max_record_bytes: Optional[int] = None) -> PromptSpool:
     "Every spec's prompts in order (FILE, FORMAT=FILE or an s3:// URI) in a PromptSpool, written as they are read."
-    from dflash_nb.prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, prompt_conversations
     spool, read = PromptSpool(), 0
     for spec in map(str, specs):
         fmt, _, path = spec.partition("=")
@@ -472,8 +473,6 @@ def spool_prompts(specs, data_cfg: DataConfig | None = None, max_prompts: Option
 
 def _fetch_s3(uri: str, data_cfg):
     "(local copy, its URI) of each object an s3:// URI names (listed as `dflash-data` lists its inputs), one at a time."
-    from dflash_nb.inputs import list_inputs, open_input
-    from dflash_nb.commands import scratch_dir
     into = scratch_dir()
     for f in list_inputs([uri], data_cfg):
         p = into / Path(f.name).name
@@ -520,7 +519,7 @@ class RegenLock:
         self.path, self.lock, self.taken_over = Path(out_dir) / LOCK, None, None
 
     def acquire(self) -> "RegenLock":
-        from dflash_nb.checkpoint import CheckpointError, RunLock
+        from dflash_nb.checkpoint import CheckpointError, RunLock   # later chapter (08a): kept lazy by chapter order
         lock = RunLock(self.path.parent)
         lock.path = self.path
         try: self.lock = lock.acquire()
@@ -546,7 +545,6 @@ class RegenLock:
 # %% ../nbs/01h_regen.ipynb #0b0b35f7
 def _prompt_paths(specs) -> list[str]:
     "The local files of `--prompts` specs (FORMAT=FILE gives FILE; s3:// URIs are no local path)."
-    from dflash_nb.prompts import PROMPT_FORMATS
     out = []
     for spec in map(str, specs):
         fmt, _, path = spec.partition("=")
@@ -586,7 +584,6 @@ def run_identity(man: dict) -> dict:
 
 # %% ../nbs/01h_regen.ipynb #772f91d3
 def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
-    from dflash_nb.storage import atomic_write_bytes
     out.mkdir(parents=True, exist_ok=True)
     man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards", "merging")}
     with RegenLock(out):
@@ -617,12 +614,11 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
                 seed: int = 0, **vllm_kwargs):   # passed to the vLLM engine (e.g. tokenizer=DIR, max_model_len=N)
     "(engine, verifying target or None) of `kind` 'hf' or 'vllm' on the target checkpoint in `target_dir`."
     if kind == "vllm":
-        from dflash_nb.serving import VLLMEngine
         with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout=, load_timeout= (seconds)
             eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
         with eng: yield eng, None
         return
-    from dflash_nb.target import load_target
+    from dflash_nb.target import load_target   # later chapter (07a): kept lazy by chapter order
     with stage(f"loading the target {target_dir}"):
         target = load_target(target_dir, dtype=auto_dtype(dtype, device), device=device)
     yield HFEngine(target, pad_token_id, batch_size), target
@@ -637,7 +633,6 @@ def tensor_parallel_note(man: dict, n: int) -> str | None:
 # %% ../nbs/01h_regen.ipynb #b51534dd
 def main(argv=None) -> int:
     "`dflash-regen ...` (`python -m dflash_nb.regen`): an expected failure is one line and exit 2 (`--debug`: stack)."
-    from dflash_nb.prompts import PromptFileError
     return run_cli(_main, argv, prog="dflash_nb.regen", expected=(PromptFileError, *serving_errors()),
                    again="rerun the same dflash-regen command: it continues from the shards written")
 
@@ -648,7 +643,6 @@ def cli():
 # %% ../nbs/01h_regen.ipynb #d89cba54
 def serving_errors() -> tuple:
     "The serving bridge's failures, which a command reports as one line (no vLLM environment, a refused model, ...)."
-    from dflash_nb.serving import ServingError, ServingUnavailable
     return (ServingError, ServingUnavailable)
 
 # %% ../nbs/01h_regen.ipynb #4c9dd365
@@ -669,7 +663,6 @@ class GenerateConfig:
 def _longest_wait(v, cfg) -> Optional[str]:
     "Why `v` seconds is no timeout (None: unset, or fine): more than the serving bridge's `MAX_TIMEOUT_S`."
     if v is None: return None
-    from dflash_nb.serving import MAX_TIMEOUT_S
     return f"must be at most {MAX_TIMEOUT_S:g} seconds (a month)" if v > MAX_TIMEOUT_S else None
 
 def timeout_opt(help: str):
@@ -711,7 +704,6 @@ class RegenCommand(GenerateConfig, DataConfig):
 # %% ../nbs/01h_regen.ipynb #020bf1c7
 def parse_args(argv=None) -> RegenCommand:
     "The `RegenCommand` of a `dflash-regen` command line."
-    from dflash_nb.prompts import PROMPT_FORMATS
     about = ("Complete prompts with the target; write chat JSONL shards that dflash-data reads. The DataConfig keys "
              "render the prompts as dflash-data does. Errors are one line (exit 2); --debug shows their traceback.")
     return parse_cli(RegenCommand, argv, "dflash_nb.regen", words="prompts", about=about, flags=True,
@@ -738,7 +730,6 @@ def _batch_identity(a, sampling: Sampling) -> dict:
 # %% ../nbs/01h_regen.ipynb #4d1f4ad0
 def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sampling) -> dict:
     "What the completions depend on besides the prompts (the resume key): target files, template, engine, sampling."
-    from dflash_nb.records import template_fingerprint
     files = sorted((f.name, f.stat().st_size) for f in target.iterdir()
                    if f.is_file() and f.name.endswith((".safetensors", ".bin", ".pt")))
     config = hashlib.sha256((target / "config.json").read_bytes()).hexdigest()[:16]
@@ -764,8 +755,6 @@ def _escaping_output():
 # %% ../nbs/01h_regen.ipynb #a90242a2
 def run_regen(a: RegenCommand) -> int:
     "Complete the pending shards of what `a` names (or merge parts); 0."
-    from dflash_nb.records import load_tokenizer
-    from dflash_nb.commands import check_device
     if a.merge:
         r = merge_parts(a.merge, a.out)
         for f in r["unlisted"]: print(_stray_note(f))
@@ -782,7 +771,6 @@ def run_regen(a: RegenCommand) -> int:
         raise ConfigError(f"--target {target}: no config.json there (the target's checkpoint directory)")
     _check_inputs_and_context(a, target, out)
     if a.engine == "vllm":
-        from dflash_nb.serving import serving_python
         serving_python()                         # a Python with vLLM to serve with, before anything is read
     data_cfg = _data_config(a)
     prompts = spool_prompts(a.prompts, data_cfg, a.max_prompts, a.max_record_bytes)

@@ -11,6 +11,8 @@ import torch
 from .metrics import Stopwatch   # chapter Metrics: device time without a host sync
 from .config import patch
 from .parallel import group_features   # chapter Parallel: a split target runs each member's row
+from .anchors import (
+    pack_samples, make_packed_row, sample_anchors, anchor_block_labels, block_input_ids, block_position_ids)
 
 # %% auto #0
 __all__ = ['stable_seed', 'RowStream', 'rank_row', 'Batch', 'packed_row', 'make_batch', 'FeatureProducer']
@@ -31,8 +33,7 @@ class RowStream:
                  pack=None):          # pack(lengths, max_tokens) -> groups; default dflash_nb.anchors.pack_samples
         if not lengths: raise ValueError("no samples to train on")
         self.lengths, self.max_tokens, self.seed = [min(int(n), max_tokens) for n in lengths], int(max_tokens), seed
-        if pack is None: from dflash_nb.anchors import pack_samples as pack
-        self.pack, self.epochs, self.starts = pack, [], [0]
+        self.pack, self.epochs, self.starts = pack or pack_samples, [], [0]
 
     def epoch_rows(self, e: int) -> list[list[int]]:
         "Rows of epoch `e` (computed on first use; only lengths are needed, so this is cheap)."
@@ -90,7 +91,6 @@ class Batch:
 # %% ../nbs/08f_rows.ipynb #1ae40a92
 def packed_row(samples: list[dict], stream: RowStream, row: int, max_tokens: int) -> dict:
     "Global row `row` packed: input_ids, loss_mask, doc_ids, position_ids (each sample cut to `max_tokens`)."
-    from dflash_nb.anchors import make_packed_row
     _, idx = stream[row]
     docs = [{k: list(samples[i][k][:max_tokens]) for k in ("input_ids", "loss_mask")} for i in idx]
     return make_packed_row(docs, max_tokens)
@@ -98,7 +98,6 @@ def packed_row(samples: list[dict], stream: RowStream, row: int, max_tokens: int
 def make_batch(samples: list[dict], stream: RowStream, row: int, step: int, micro: int, *,
                max_tokens: int, block_size: int, max_anchors: int, mask_token_id: int, seed: int) -> Batch:
     "Pack global row `row` and sample its anchors with a generator seeded by `(seed, row)`."
-    from dflash_nb.anchors import sample_anchors, anchor_block_labels, block_input_ids, block_position_ids
     r = packed_row(samples, stream, row, max_tokens)
     g = torch.Generator().manual_seed(stable_seed("anchors", seed, row))
     anchors, keep = sample_anchors(r["loss_mask"], r["doc_ids"], block_size, max_anchors, generator=g)

@@ -17,6 +17,7 @@ class ServingError(RuntimeError):
     def __init__(self, message: str, log=()):
         super().__init__(message)
         self.log = list(log)
+from .vllm_worker import PARENT_FD_ENV, TMP_ENV, group_members, kill_group
 
 # %% auto #0
 __all__ = ['WORKER', 'REPO', 'IPC_PATH_MAX', 'MAX_TIMEOUT_S', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError',
@@ -114,7 +115,6 @@ class VLLMEngine:
 # %% ../nbs/01g_serving.ipynb #880ebf87
 @patch
 def _start(self: VLLMEngine, python: str):
-    from dflash_nb.vllm_worker import PARENT_FD_ENV, TMP_ENV
     r, w = os.pipe()                              # both close-on-exec; the worker gets r alone (pass_fds)
     try:
         self.proc = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -214,7 +214,6 @@ def _stop(proc, wait: float):
     except (BrokenPipeError, OSError): pass
     try: proc.wait(timeout=wait)
     except subprocess.TimeoutExpired: pass
-    from dflash_nb.vllm_worker import group_members, kill_group
     if proc.poll() is None or group_members(proc.pid):   # the worker still runs, or left processes behind
         kill_group(proc.pid)                            # the group: the worker and everything it started
     proc.wait()

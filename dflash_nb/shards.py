@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 import dataclasses
-from .config import ConfigError, ExpectedError, to_dict, validate_config
+from .config import ConfigError, ExpectedError, to_dict, validate_config, from_dict
 from .storage import (atomic_writer, atomic_write_text, checked_path, clear_of_inputs, inside_dir, own_temps,
                                plain_name, read_json)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
@@ -22,6 +22,7 @@ from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, ch
 from .inputs import (SHARD_FORMAT, InputFile, InputError, ShardTask, dataset_id, input_fingerprints, input_id,
                               iter_range_lines,
                               list_inputs, open_input, parse_line, plan_shards)
+from .progress import Progress
 
 # %% auto #0
 __all__ = ['SCHEMA', 'shard_path', 'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError',
@@ -310,7 +311,6 @@ def _init_worker(spec: dict, cfg: dict, parent: Optional[int] = None):
     "Worker set-up from plain data (picklable from a notebook): the parent's exact backend tokenizer, from its JSON."
     _die_with_parent(parent)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"        # one core per worker; parallelism comes from processes
-    from dflash_nb.config import from_dict
     cfg = from_dict(DataConfig, cfg)
     _WORKER["cfg"], _WORKER["encoder"] = cfg, SampleEncoder(TokenizerSpec(**spec), cfg)
 
@@ -560,7 +560,6 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))
     t_work = time.perf_counter()
-    from dflash_nb.progress import Progress
     with Progress(len(todo), f"tokenize {len(files)} file(s)", "shards", enabled=bool(todo)) as shown:
         done, busy, cpu = run_shards(todo, tok, out_dir, cfg, workers, shown)
     stats.update(done)

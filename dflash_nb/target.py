@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 from torch import nn
 from .model import default_target_layer_ids  # noqa: F401  re-exported: the layer rule belongs to chapter Model
+from .model import check_target_layer_ids    # the serving stacks' rule on layer ids
 from .config import patch
+from .storage import checked_path   # a FIFO or a device at config.json: refused, never opened
 
 # %% auto #0
 __all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
@@ -173,7 +175,6 @@ def load_target(
 ):
     "Load a frozen target CausalLM from a local path straight onto `device` (no full host copy), in eval mode."
     from transformers import AutoModelForCausalLM
-    from dflash_nb.storage import checked_path   # a FIFO or a device at config.json: refused, never opened
     if (Path(path) / "config.json").exists(): checked_path(Path(path) / "config.json", within=False)
     device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     if isinstance(dtype, str): dtype = getattr(torch, dtype)
@@ -406,7 +407,6 @@ class TargetFeatures:
         # logits through the shared lm_head, for distillation; runs every layer
         packing: str = "auto",  # "packed": one unpadded forward per row; "padded": length-bucketed
     ):  # micro-batches; "auto": packed where `packed_support` allows it
-        from dflash_nb.model import check_target_layer_ids  # the serving stacks' rule on layer ids
         self.model, self.layers = model.eval().requires_grad_(False), find_decoder_layers(model)
         self.layer_ids = [int(i) for i in layer_ids]
         if not self.layer_ids: raise ValueError("layer_ids is empty")

@@ -10,19 +10,26 @@ from pathlib import Path
 from typing import Optional
 import torch
 import torch.distributed as dist
-from .config import opt, parse_cli, ConfigError, to_dict
-from .commands import run_cli
-from .records import DataConfig
-from .regen import MAX_THREADS, GenerateConfig, read_prompts, regenerate
+from .config import opt, parse_cli, ConfigError, to_dict, invoked_as
+from .commands import run_cli, scratch_dir, Terminated, error_line
+from .records import DataConfig, load_tokenizer
+from .regen import MAX_THREADS, GenerateConfig, read_prompts, regenerate, serving_errors
 from .evaluate import TauConfig
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)
 from .parallel import layout, collective_error   # chapter Parallel: a split target, a failed collective
 from .train_config import TrainConfig
-from .trainer import train, NonFiniteError
-from .checkpoint import checkpoints_held
-from .storage import within
+from .trainer import train, NonFiniteError, load_samples
+from .checkpoint import checkpoints_held, preflight_run_dir
+from .storage import within, atomic_write_text
+from .progress import stage
+from .inputs import list_inputs
+from .shards import read_shards, tokenize_dataset
+from .serving import VLLMEngine, serving_python
+from .target import TargetFeatures
+from .decoding import acceptance_length
+from .export import export_drafter
 
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'keep_freed_memory',
@@ -73,8 +80,6 @@ def regen_engine(cfg: RunConfig, target):
     if cfg.regenerate.engine == "hf":
         yield None
         return
-    from dflash_nb.commands import scratch_dir
-    from dflash_nb.serving import VLLMEngine
     path = cfg.train.target.path
     if path is None:                     # the tiny target: vLLM loads a checkpoint, so it is written as one
         path = scratch_dir("dflash_nb-target-")
@@ -108,7 +113,6 @@ def cpu_threads(n: Optional[int]):
 def phase(name: str, cfg: RunConfig, run_dir: Path):
     """A part of `run` that is not a training step: SIGTERM there unwinds it (`Terminated`), and what it left half-made
     goes: completions being regenerated (no generation.json of this phase records them) are removed."""
-    from dflash_nb.commands import Terminated
     gen = run_dir / "generated"
     before = {p.name: p.stat().st_mtime_ns for p in gen.iterdir()} if gen.is_dir() else {}
     if cfg.sigterm_in_phase == name: os.kill(os.getpid(), signal.SIGTERM)   # fault injection for the tests
@@ -129,14 +133,11 @@ def _tokenized(key: str, data_dir):
         raise ConfigError(f"{key} {data_dir}: no tokenized data there (no manifest.json); "
                           "tokenize it first with `python -m dflash_nb.data`, "
                           "or list raw JSONL in `inputs` to tokenize it in this run")
-    from dflash_nb.shards import read_shards
     read_shards(data_dir)   # memory-mapped: bad data is refused here, before the run dir is created or written
 
 # %% ../nbs/11_train.ipynb #c3e914f1
 def check_run(cfg: RunConfig):
     "Every precondition a user can fix, in the order they can act on it, before any costly step; returns the tokenizer."
-    from dflash_nb.records import load_tokenizer
-    from dflash_nb.inputs import list_inputs
     tc, rg = cfg.train, cfg.regenerate
     if tc.target.path is not None and not Path(tc.target.path).is_dir():
         raise ConfigError(f"train.target.path {tc.target.path}: no such directory "
@@ -156,7 +157,6 @@ def check_run(cfg: RunConfig):
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
     if rg.prompts and rg.engine == "vllm":
-        from dflash_nb.serving import serving_python
         serving_python()                    # a Python with vLLM to regenerate with, before the target is loaded
     if cfg.inputs: list_inputs(cfg.inputs, cfg.data)          # every input is there (a glob matches, a prefix lists)
     elif not rg.prompts:
@@ -189,7 +189,6 @@ def generation_key(cfg: RunConfig, prompts_path) -> str:
 
 def save_generated(key: str, gen_dir, files: list, stats: dict):
     "Record what the completions in `gen_dir` were made from (`generation.json`), so that a rerun can reuse them."
-    from dflash_nb.storage import atomic_write_text
     record = {"key": key, "files": files, "stats": stats}
     atomic_write_text(Path(gen_dir) / "generation.json", json.dumps(record, indent=1))
 
@@ -213,8 +212,6 @@ def reuse_generated(key: str, gen_dir, run_dirs, log=print) -> Optional[dict]:
 def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
                  reuse_from=()) -> tuple[Optional[str], Optional[str]]:   # earlier run dirs with completions to reuse
     "Regenerate (or reuse matching completions) and/or tokenize; returns (train data dir, held-out data dir)."
-    from dflash_nb.shards import tokenize_dataset
-    from dflash_nb.checkpoint import preflight_run_dir
     run_dir, tc = Path(cfg.train.run_dir), cfg.train
     preflight_run_dir(tc)          # a run dir the trainer would refuse is refused before anything is written into it
     train_dir, held_dir = tc.data_dir, cfg.evaluate.data_dir
@@ -258,8 +255,6 @@ def prepare_data(cfg: RunConfig, target=None, tokenizer=None, log=print,
 # %% ../nbs/11_train.ipynb #18f62b2f
 def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) -> dict:
     "τ (and per-position acceptance) of `drafter` on up to `num_samples` held-out samples (the decoding walk)."
-    from dflash_nb.decoding import acceptance_length
-    from dflash_nb.trainer import load_samples
     was = drafter.training
     drafter.eval()
     try:
@@ -270,14 +265,11 @@ def measure_tau(drafter, features, data_dir, num_samples: int, block_size: int) 
 # %% ../nbs/11_train.ipynb #d60c0297
 def export(drafter, drafter_cfg, out_dir, **metadata) -> Path:
     "The serving-format directory of the trained drafter (config.json + model.safetensors)."
-    from dflash_nb.export import export_drafter
     return Path(export_drafter(drafter, drafter_cfg, out_dir, metadata=metadata))
 
 # %% ../nbs/11_train.ipynb #d790a0c8
 def run(cfg: RunConfig, reuse_from=()) -> dict:
     "The whole project: checks → regenerate → tokenize + audit → τ before → train → τ after → export."
-    from dflash_nb.target import TargetFeatures
-    from dflash_nb.progress import stage
     t_all = time.perf_counter()
     if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
@@ -339,7 +331,6 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
                                           checkpoint=summary["checkpoint"]))
     report["wall_s"] = time.perf_counter() - t_all
     if rank == 0:
-        from dflash_nb.storage import atomic_write_text
         atomic_write_text(run_dir / "report.json", json.dumps(report, indent=1, default=str))
         log(_where(report))
     if distributed: dist.barrier()
@@ -365,7 +356,6 @@ def _where(r: dict) -> str:
 def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
     # ValueError: shapes that do not fit the target, an unknown architecture, ...
-    from dflash_nb.regen import serving_errors
     return run_cli(_main, argv, prog="dflash_nb.train", expected=(ValueError, *serving_errors()),
                    again="run again with train.resume=auto to continue from the last checkpoint")
 
@@ -388,8 +378,6 @@ def _main(argv: list) -> int:
                 cfg.train.run_dir = str(new)
         report = run(cfg, reuse_from=reuse)
     except NonFiniteError as e:   # one line like run_cli's, and its own exit code: the run diverged, the input was fine
-        from dflash_nb.commands import error_line
-        from dflash_nb.config import invoked_as
         print(f"{invoked_as('dflash_nb.train')}: error: {error_line(e)}", file=sys.stderr)
         return 3
     except RuntimeError as e:     # a rank that hung or died: one line naming it, not a traceback per rank

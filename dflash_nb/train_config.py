@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 from .config import opt
 from .checkpoint import CheckpointConfig, FaultConfig
+from .model import DrafterConfig
+from .target import tiny_target
 
 # %% auto #0
 __all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'lr_factor']
@@ -19,7 +21,6 @@ def _tiny_keys() -> dict:
     import inspect
     from typing import Any
     from transformers import Qwen3Config, Qwen3_5TextConfig, LlamaConfig
-    from dflash_nb.target import tiny_target
     kind = lambda v: Optional[type(v)] if type(v) in (int, float, bool, str) else Any  # typed as the default is
     hf = {k: kind(v) for c in (Qwen3Config, Qwen3_5TextConfig, LlamaConfig) for k, v in c().to_dict().items()
           if not k.startswith("_") and k not in ("dtype", "transformers_version")}
@@ -30,7 +31,6 @@ def _tiny_keys() -> dict:
 # %% ../nbs/08c_train_config.ipynb #e2406fe4
 def _drafter_schema():
     "The `drafter` overrides feed `DrafterConfig`: its keys, types and ranges are checked at load."
-    from dflash_nb.model import DrafterConfig
     return DrafterConfig
 
 def _fits_block(max_tokens: int, cfg) -> str | None:

@@ -22,6 +22,7 @@ from .checkpoint import (CheckpointError, RUN_FILE, RunLock, check_on_rank0, che
                                   newest_complete, prune_checkpoints, read_latest, read_run_id, resolve_checkpoint,
                                   resume_changes, rng_state, save_checkpoint, set_rng_state, step_dirs, step_of)
 from .s3sync import S3Uploader, download_checkpoint
+from .shards import read_shards, load_manifest
 from .shards import check_template   # refuses data made with another chat template or tokenizer
 from .build import (   # chapter Build: devices, precision, the target and the drafter
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
@@ -29,6 +30,13 @@ from .build import (   # chapter Build: devices, precision, the target and the d
     drafter_autocast, precision, precision_line, pick_backend, check_sizes, check_tp_devices)
 from .parallel import Layout, layout, held_bytes   # chapter Parallel: the DP x TP grid of a split target
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
+from .commands import Terminated, exit_after, SIGTERM_GRACE_S
+from .records import load_tokenizer
+from .attention import AnchorBlockLayout
+from .loss import block_loss, expected_acceptance_length
+from .target import TargetFeatures
+from .target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
+from .tracking import Trackers, require_trackers
 
 
 # %% auto #0
@@ -38,7 +46,6 @@ __all__ = ['distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'l
 # %% ../nbs/08h_trainer.ipynb #ac3386b1
 def distill_features(features):
     "The producer's features callable when the loss distils: (features, final-norm states) from one target forward."
-    from dflash_nb.target import TargetFeatures
     full = TargetFeatures(features.model, features.layer_ids, features.max_batch_tokens, features.use_attention_mask,
                           final_hidden=True)
     F = full.feature_size
@@ -50,7 +57,6 @@ def distill_features(features):
 # %% ../nbs/08h_trainer.ipynb #896e8cee
 def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
     "The block loss of a batch per `cfg.loss`; distillation scores slot k of anchor a with the target at a+k−1."
-    from dflash_nb.loss import block_loss
     lc, target_hidden = cfg.loss, None
     if lc.distill_weight > 0:
         if b.target_final is None: raise ValueError("loss.distill_weight > 0 needs the target's final states "
@@ -66,7 +72,6 @@ def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
 # %% ../nbs/08h_trainer.ipynb #c205f64a
 def load_samples(data_dir):
     "The samples of a tokenized data dir: memory-mapped, `ds[i]` → {input_ids, loss_mask}, with `.lengths`."
-    from dflash_nb.shards import read_shards
     return read_shards(data_dir)
 
 # %% ../nbs/08h_trainer.ipynb #1fcfb465
@@ -123,8 +128,6 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
 # %% ../nbs/08h_trainer.ipynb #743153b3
 def _run_data(cfg: TrainConfig):
     "The run's tokenizer and samples (refusing data of another template), its row stream and the data set's id."
-    from dflash_nb.records import load_tokenizer
-    from dflash_nb.shards import load_manifest
     tokenizer = load_tokenizer(tokenizer_dir(cfg.target))
     manifest = load_manifest(cfg.data_dir)
     check_template(manifest, tokenizer, cfg.data_dir)
@@ -216,7 +219,6 @@ def build_run(cfg: TrainConfig,
     run_id = read_run_id(run_dir) if rank == 0 else None
     if rank == 0: save_config(cfg, run_dir / "config.yaml")
     log = RunLog(run_dir, rank, cfg.steps)
-    from dflash_nb.tracking import Trackers, require_trackers
     require_trackers(cfg.report_to)  # every rank: an unknown tracker or a missing package stops all ranks here
     if rank == 0 and cfg.report_to: log.tracker = Trackers(cfg.report_to, run_dir, config=to_dict(cfg))
     # ---- models, optimizer, schedule --------------------------------------------------------------------------
@@ -227,9 +229,7 @@ def build_run(cfg: TrainConfig,
     check_token_ids(samples, cfg.data_dir, target)
     if cfg.init_from: drafter_cfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
     else: drafter_cfg = drafter_config(target, cfg.drafter, tokenizer)
-    from dflash_nb.target import TargetFeatures
     features = TargetFeatures(target, drafter_cfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
-    from dflash_nb.target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
     paths = fast_paths(target)
     if rank == 0:
         print(f"{log_prefix}{fast_paths_line(paths)}", flush=True)
@@ -429,7 +429,6 @@ def make_producer(run: Run, start: int) -> FeatureProducer:
 # %% ../nbs/08h_trainer.ipynb #51210667
 def train_step(run: Run, producer: FeatureProducer, metrics: Metrics, drafter_clock: Stopwatch, step: int):
     "One optimizer step on this rank's `accum` rows; no host sync (a non-finite step is skipped on the device)."
-    from dflash_nb.attention import AnchorBlockLayout
     cfg, model, lm_head_w, B, accum = run.cfg, run.model, run.lm_head_w, run.block_size, run.accum
     nan_loss = step in cfg.fault.nan_loss_steps    # fault injection for the safety tests (FaultConfig)
     for micro in range(accum):
@@ -465,7 +464,6 @@ def train_step(run: Run, producer: FeatureProducer, metrics: Metrics, drafter_cl
 def log_interval(run: Run, metrics: Metrics, producer: FeatureProducer, drafter_clock: Stopwatch, done: int, start: int,
                  t_start: float) -> dict:
     "The record of the log interval ending after step `done` (syncs once), written to metrics.jsonl; returns it."
-    from dflash_nb.loss import expected_acceptance_length
     cfg = run.cfg
     rec = metrics.flush(run.distributed)
     el = time.perf_counter() - t_start
@@ -507,7 +505,6 @@ class Preemption:
 
     def handler(self, signum, frame):
         if self.expired and not self.saving:
-            from dflash_nb.commands import Terminated
             raise Terminated(f"stopped by SIGTERM: the step in progress did not finish within {self.wait_s:g}s "
                              "(train.sigterm_wait_s); it was abandoned, the checkpoints written before are kept")
         if not self.requested and self.old_handler is not None:
@@ -518,7 +515,6 @@ class Preemption:
 
     def _expire(self):
         "The step did not reach its boundary in time: deliver SIGTERM again to the main thread (retried during a save)."
-        from dflash_nb.commands import exit_after, SIGTERM_GRACE_S
         if not self.expired: exit_after(SIGTERM_GRACE_S, "SIGTERM: the step in progress never returned")
         self.expired = True
         signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)

@@ -409,16 +409,16 @@ def test_a_killed_merge_is_finished_by_merging_again(small, tmp_path, monkeypatc
     """A merge stopped after its second shard (a write made to fail: fault injection) leaves a directory that
     dflash-data and a resume both call unfinished; the same merge again completes it to one run's bytes. Before: the
     next merge refused ("holds shards already") and dflash-data read the two shards as a data set."""
-    from dflash_nb import storage
+    from dflash_nb import regen   # the merge writes through the name regen imported from storage
     from dflash_nb.inputs import list_inputs
     args, d = small
     parts = [part_of(d / "whole", tmp_path / f"m{i}", i, 2) for i in range(2)]
-    real, calls = storage.atomic_write_bytes, []
+    real, calls = regen.atomic_write_bytes, []
     def dies_on_third(*a, **kw):
         calls.append(1)
         if len(calls) == 3: raise OSError(28, "No space left on device")
         return real(*a, **kw)
-    monkeypatch.setattr(storage, "atomic_write_bytes", dies_on_third)
+    monkeypatch.setattr(regen, "atomic_write_bytes", dies_on_third)
     rc, _, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
     monkeypatch.undo()
     assert rc != 0 and len(shards(tmp_path / "merged")) == 2, err
