@@ -586,18 +586,20 @@ def run_identity(man: dict) -> dict:
 def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     man = {k: v for k, v in mans[0][1].items() if k not in ("part", "shards", "merging")}
+    shards = {k: next(m for _, m in mans if k in m["shards"])["shards"][k] for k in sorted(files, key=int)}
+    holds = lambda k: (out / shard_name(int(k))).is_file() and hashlib.sha256(
+        (out / shard_name(int(k))).read_bytes()).hexdigest() == shards[k]["sha256"]
     with RegenLock(out):
         have = _manifest_on_disk(out)
+        if have == dict(man, shards=shards) and all(map(holds, shards)):
+            return dict(totals(have), again=True)      # this very merge, finished before: nothing to write
         again = have is not None and have.get("merging") and run_identity(have) == run_identity(man)
         if not again and (have is not None or list(out.glob("shard-*.jsonl"))):
             raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
         atomic_write_text(out / MANIFEST, json.dumps(dict(man, merging=parts, shards={}), indent=1))
-        man["shards"] = {k: next(m for _, m in mans if k in m["shards"])["shards"][k]
-                         for k in sorted(files, key=int)}
+        man["shards"] = shards
         for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
-            dst = out / shard_name(int(k))
-            if not (dst.is_file() and hashlib.sha256(dst.read_bytes()).hexdigest() == man["shards"][k]["sha256"]):
-                atomic_write_bytes(dst, f.read_bytes())
+            if not holds(k): atomic_write_bytes(out / shard_name(int(k)), f.read_bytes())
         atomic_write_text(out / MANIFEST, json.dumps(man, indent=1))   # finished: the whole manifest, last
     return totals(man)
 
@@ -758,7 +760,9 @@ def run_regen(a: RegenCommand) -> int:
     if a.merge:
         r = merge_parts(a.merge, a.out)
         for f in r["unlisted"]: print(_stray_note(f))
-        print(f"merged {len(a.merge)} parts: {r['done']} of {r['shards']} shards in {a.out}, each once, as written")
+        done = f"{r['done']} of {r['shards']} shards"
+        if r.get("again"): print(f"{a.out} holds this merge already: {done}; nothing written")
+        else: print(f"merged {len(a.merge)} parts: {done} in {a.out}, each once, as written")
         return 0
     _one_process(a)                              # merging runs no engine: any size is fine there
     if a.target is None or not a.prompts: raise ConfigError("--target and --prompts: required, not given (see --help)")

@@ -337,6 +337,8 @@ def test_three_machines_merge_to_one_machines_run(small, tmp_path):
     rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")
     assert rc == 0 and f"merged 3 parts: 8 of 8 shards in {tmp_path / 'merged'}" in out, out
     assert shards(tmp_path / "merged") == shards(d / "whole")
+    rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")    # the same merge again: one run still
+    assert rc == 0 and f"{tmp_path / 'merged'} holds this merge already: 8 of 8 shards; nothing written" in out, out
     strip = lambda m: {k: {n: v for n, v in st.items() if n != "seconds"} for k, st in m["shards"].items()}
     man = lambda o: json.loads((o / MANIFEST).read_text())
     assert strip(man(tmp_path / "merged")) == strip(man(d / "whole"))
