@@ -249,159 +249,135 @@ def _main_sweep(args, convs, kwargs) -> dict:
 
 
 # %% ../nbs/10a_evaluate.ipynb #d6001f23
-def _main_data(args, model, drafter, B) -> dict:
-    ds = read_shards(args.data)
-    samples = [ds[i] for i in range(min(len(ds), args.num_samples))]
+def _walk(args, model, drafter, B, samples) -> dict:
+    "The walk of chapter `09a_decoding` over held-out samples, printed: τ, per-position acceptance, the histogram."
     stop = _stop_ids(model) if args.recompute_reference else []
     t0 = time.perf_counter()
-    res = acceptance_length(
-        drafter,
-        model,
-        samples,
-        block_size=B,
-        recompute_reference=args.recompute_reference,
-        max_new_tokens=args.max_new_tokens,
-        backend=args.backend,
-        chunk=args.chunk,
-        stop_token_ids=stop,
-    )
+    res = acceptance_length(drafter, model, samples, block_size=B, recompute_reference=args.recompute_reference,
+                            max_new_tokens=args.max_new_tokens, backend=args.backend, chunk=args.chunk,
+                            stop_token_ids=stop)
     res["walk_seconds"] = time.perf_counter() - t0
-    print(
-        f"τ = {res['tau']:.3f} over {res['samples']} samples, {res['cycles']} cycles, block size {B} "
-        f"({res['walk_seconds']:.1f}s)"
-    )
+    print(f"τ = {res['tau']:.3f} over {res['samples']} samples, {res['cycles']} cycles, block size {B} "
+          f"({res['walk_seconds']:.1f}s)")
     print("per-position acceptance: " + " ".join(f"{x:.2f}" for x in res["per_position"]))
     print("histogram of accepted+1: " + " ".join(f"{k + 1}:{c}" for k, c in enumerate(res["histogram"])))
+    return res
+
+def _sample_prompts(samples, max_new_tokens=None) -> tuple[list, list]:
+    "Each held-out sample's prompt and budget (its answer's length, capped), where the real loop runs; short ones out."
     prompts, budgets = [], []
     for s in samples:
         st, en = generated_span(s["loss_mask"])
-        if st < 1 or en - st < 2:
-            continue
+        if st < 1 or en - st < 2: continue
         prompts.append(torch.tensor(s["input_ids"][:st]))
-        budgets.append(min(en - st, args.max_new_tokens or en - st))
-    sampled = [T for T in args.temperature if T > 0]
-    if sampled:  # the walk is greedy; under sampling the real loop runs on the samples' prompts
-        res["sampled"] = {}
-        for T in sampled:
-            st = AcceptanceStats(B)
-            for i, (p, n) in enumerate(zip(prompts, budgets)):
-                st.merge(
-                    speculative_generate(
-                        drafter,
-                        model,
-                        p,
-                        n,
-                        B,
-                        stop_token_ids=_stop_ids(model),
-                        backend=args.backend,
-                        temperature=T,
-                        top_p=args.top_p,
-                        top_k=args.top_k,
-                        seed=args.seed + i,
-                    )["stats"]
-                )
-            res["sampled"][format(T, "g")] = st.summary()
-            print(
-                f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = "
-                f"{st.summary()['tau']:.3f}"
-            )
-    if args.speedup and prompts:
-        costs = forward_costs(drafter, model, prompts[0], B, backend=args.backend)
-        res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
-        for r in res.get("sampled", {}).values():
-            r["expected_speedup"] = expected_speedup(r["tau"], costs)
-        print(costs_line(costs))
-        print(
-            f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0"
-            + "".join(f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items())
-        )
-    if args.speculative:
-        cmp = compare_decoding(
-            drafter,
-            model,
-            prompts[: args.speculative],
-            budgets[: args.speculative],
-            block_size=B,
-            stop_token_ids=stop,
-            backend=args.backend,
-        )
-        res["speculative"] = cmp
-        print(
-            f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} "
-            "prompts, "
-            f"{cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token (speedup "
-            f"{cmp['speedup']:.2f}x)"
-        )
+        budgets.append(min(en - st, max_new_tokens or en - st))
+    return prompts, budgets
+
+# %% ../nbs/10a_evaluate.ipynb #14ca74cf
+def _sampled_tau(args, model, drafter, B, prompts, budgets) -> dict:
+    "{T: τ summary} of the real loop sampling at every --temperature above 0; one line printed each."
+    out = {}
+    for T in [T for T in args.temperature if T > 0]:
+        st = AcceptanceStats(B)
+        for i, (p, n) in enumerate(zip(prompts, budgets)):
+            r = speculative_generate(drafter, model, p, n, B, stop_token_ids=_stop_ids(model), backend=args.backend,
+                                     temperature=T, top_p=args.top_p, top_k=args.top_k, seed=args.seed + i)
+            st.merge(r["stats"])
+        out[format(T, "g")] = st.summary()
+        print(f"τ at temperature {T:g} (speculative sampling on the {len(prompts)} prompts) = "
+              f"{st.summary()['tau']:.3f}")
+    return out
+
+def _data_speedup(args, model, drafter, B, res, prompt):
+    "`--speedup`: forward costs timed on `prompt`; the expected speed-up of every τ of `res` added and printed."
+    costs = forward_costs(drafter, model, prompt, B, backend=args.backend)
+    res["forward_costs"], res["expected_speedup"] = costs, expected_speedup(res["tau"], costs)
+    for r in res.get("sampled", {}).values():
+        r["expected_speedup"] = expected_speedup(r["tau"], costs)
+    print(costs_line(costs))
+    print(f"expected speed-up: {res['expected_speedup']:.2f}x at temperature 0"
+          + "".join(f", {r['expected_speedup']:.2f}x at {T}" for T, r in res.get("sampled", {}).items()))
+
+def _data_loop(args, model, drafter, B, prompts, budgets) -> dict:
+    "`--speculative N`: the real loop against plain greedy decoding on the first N prompts, printed."
+    stop = _stop_ids(model) if args.recompute_reference else []
+    cmp = compare_decoding(drafter, model, prompts[:args.speculative], budgets[:args.speculative], block_size=B,
+                           stop_token_ids=stop, backend=args.backend)
+    print(f"speculative loop: τ = {cmp['tau']:.3f}, identical to greedy on {cmp['identical']}/{cmp['prompts']} "
+          f"prompts, {cmp['spec_ms_per_token']:.2f} ms/token vs greedy {cmp['greedy_ms_per_token']:.2f} ms/token "
+          f"(speedup {cmp['speedup']:.2f}x)")
+    return cmp
+
+# %% ../nbs/10a_evaluate.ipynb #d24fdb9a
+def _main_data(args, model, drafter, B) -> dict:
+    "`--data`: the walk, τ at each sampled temperature, the expected speed-up, the real loop; each printed as it ends."
+    ds = read_shards(args.data)
+    samples = [ds[i] for i in range(min(len(ds), args.num_samples))]
+    res = _walk(args, model, drafter, B, samples)
+    prompts, budgets = _sample_prompts(samples, args.max_new_tokens)
+    if any(T > 0 for T in args.temperature):   # the walk is greedy; under sampling the real loop runs on the prompts
+        res["sampled"] = _sampled_tau(args, model, drafter, B, prompts, budgets)
+    if args.speedup and prompts: _data_speedup(args, model, drafter, B, res, prompts[0])
+    if args.speculative: res["speculative"] = _data_loop(args, model, drafter, B, prompts, budgets)
     return res
 
 # %% ../nbs/10a_evaluate.ipynb #808ce669
-def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
-    tok = _tokenizer_for(args.target, args.tokenizer)
-    stop, n_new = _stop_ids(model, tok), args.max_new_tokens or 256
-    sets, rendered = {}, {}
+def _prompt_sets_tau(args, model, drafter, B, convs, kwargs, tok, stop, n_new) -> tuple[dict, dict]:
+    "Each file's format said, then every file rendered and measured at every --temperature, the τ table printed."
     for name, pf in convs.items():
         how = "told from its fields" if pf.detected else "named"
-        print(
-            f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
-            + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "")
-            + f" from {pf.path}"
-        )
+        print(f"format of {name}: {pf.format} ({how}), {len(pf)} prompts"
+              + (f" ({pf.turns} user turns)" if pf.turns > len(pf) else "") + f" from {pf.path}")
+    sets, rendered = {}, {}
     for name, pf in convs.items():
         rendered[name] = render_prompts(pf, tok, chat_template_kwargs=kwargs)
         sets[name] = prompt_set_tau(drafter, model, rendered[name], args.temperature, n_new, B, stop_token_ids=stop,
                                     top_p=args.top_p, top_k=args.top_k, seed=args.seed, backend=args.backend)
-    print(
-        f"τ, block size {B}, at most {n_new} new tokens per prompt"
-        + (f", top-p {args.top_p}" if args.top_p < 1 else "")
-        + (f", top-k {args.top_k}" if args.top_k else "")
-    )
+    print(f"τ, block size {B}, at most {n_new} new tokens per prompt"
+          + (f", top-p {args.top_p}" if args.top_p < 1 else "") + (f", top-k {args.top_k}" if args.top_k else ""))
     print(format_tau_table(sets, args.temperature))
+    return sets, rendered
+
+# %% ../nbs/10a_evaluate.ipynb #9f51dbef
+def _prompts_speedup(args, model, drafter, B, sets, rendered) -> dict:
+    "`--speedup`: forward costs timed on the first file's first prompt; every cell's expected speed-up, printed."
+    costs = forward_costs(drafter, model, first_turns(next(iter(rendered.values())))[0], B, backend=args.backend)
+    for s in sets.values():
+        for r in s.values():
+            r["expected_speedup"] = expected_speedup(r["tau"], costs)
+    print(costs_line(costs))
+    print(format_tau_table(sets, args.temperature, "expected_speedup", "speed-up", ".2f"))
+    return costs
+
+def _prompts_measured(args, model, drafter, B, sets, rendered, stop, n_new):
+    "`--measure-speedup N`: the real loop against plain decoding on each file's first N prompts, into every cell."
+    for name, s in sets.items():
+        for T, r in s.items():
+            firsts = first_turns(rendered[name][: args.measure_speedup])
+            r["measured"] = compare_decoding(drafter, model, firsts, n_new, B, stop_token_ids=stop,
+                                             backend=args.backend, temperature=T, top_p=args.top_p, top_k=args.top_k,
+                                             seed=args.seed)
+            r["measured_speedup"] = r["measured"]["speedup"]
+    print(f"measured: speculative loop vs plain decoding on the first {args.measure_speedup} prompts of each file "
+          "(first turns)")
+    print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
+
+# %% ../nbs/10a_evaluate.ipynb #56e4833f
+def _main_prompts(args, model, drafter, B, convs, kwargs) -> dict:
+    "`--prompts`: τ per file and temperature, vLLM's figures, the expected and measured speed-ups; printed in turn."
+    tok = _tokenizer_for(args.target, args.tokenizer)
+    stop, n_new = _stop_ids(model, tok), args.max_new_tokens or 256
+    sets, rendered = _prompt_sets_tau(args, model, drafter, B, convs, kwargs, tok, stop, n_new)
     if args.engine == "vllm":
         _add_served(args, sets, rendered, B, stop, n_new)
-    out = dict(
-        block_size=B,
-        max_new_tokens=n_new,
-        temperatures=[float(T) for T in args.temperature],
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        chat_template_kwargs=kwargs,
-    )
-    out["prompt_files"] = {
-        n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf), turns=pf.turns)
-        for n, pf in convs.items()
-    }
+    out = dict(block_size=B, max_new_tokens=n_new, temperatures=[float(T) for T in args.temperature], top_p=args.top_p,
+               top_k=args.top_k, seed=args.seed, chat_template_kwargs=kwargs)
+    out["prompt_files"] = {n: dict(path=pf.path, format=pf.format, detected=pf.detected, prompts=len(pf),
+                                   turns=pf.turns) for n, pf in convs.items()}
     if args.speedup:
-        costs = forward_costs(drafter, model, first_turns(next(iter(rendered.values())))[0], B, backend=args.backend)
-        for s in sets.values():
-            for r in s.values():
-                r["expected_speedup"] = expected_speedup(r["tau"], costs)
-        out["forward_costs"] = costs
-        print(costs_line(costs))
-        print(format_tau_table(sets, args.temperature, "expected_speedup", "speed-up", ".2f"))
+        out["forward_costs"] = _prompts_speedup(args, model, drafter, B, sets, rendered)
     if args.measure_speedup:
-        for name, s in sets.items():
-            for T, r in s.items():
-                firsts = first_turns(rendered[name][: args.measure_speedup])
-                r["measured"] = compare_decoding(
-                    drafter,
-                    model,
-                    firsts,
-                    n_new,
-                    B,
-                    stop_token_ids=stop,
-                    backend=args.backend,
-                    temperature=T,
-                    top_p=args.top_p,
-                    top_k=args.top_k,
-                    seed=args.seed,
-                )
-                r["measured_speedup"] = r["measured"]["speedup"]
-        print(
-            f"measured: speculative loop vs plain decoding on the first {args.measure_speedup} prompts of each file "
-            "(first turns)"
-        )
-        print(format_tau_table(sets, args.temperature, "measured_speedup", "speed-up", ".2f"))
+        _prompts_measured(args, model, drafter, B, sets, rendered, stop, n_new)
     out["prompt_sets"] = {n: {format(T, "g"): r for T, r in s.items()} for n, s in sets.items()}
     return out
 
