@@ -14,8 +14,6 @@ EXPORT = re.compile(r"^#\|\s*export[is]?\b")
 EXCEPTIONS = {
     ("06_loss", "_ChunkedLinearCE"): "one autograd.Function: its backward mirrors its forward chunk by chunk, read together",
     ("09a_decoding", "speculative_generate"): "the decoding loop, one cycle's draft, verify, accept and cache rollback in order",
-    ("09b_evaluate", "_main_prompts"): "the --prompts report in the order it prints: τ per file, speed-ups, vLLM's figures",
-    ("09b_evaluate", "_main_data"): "the --data report in the order it prints: the walk, sampled τ, speed-up, the real loop",
     ("11_train", "run"): "the project's top-level phases in order (target, data, tau before, train, tau after, export), "
                          "one set of devices, target and report shared by all",
 }

@@ -14,7 +14,7 @@ from dflash_nb.attention import AnchorBlockLayout
 from dflash_nb.loss import block_loss
 from dflash_nb.decoding import (acceptance_length, speculative_generate, greedy_generate, walk_sample,
                                 DrafterProposer, ForcedProposer)
-from dflash_nb.evaluate import compare_decoding
+from dflash_nb.tau import compare_decoding
 
 REPO = Path(__file__).resolve().parents[1]
 B, N_NEW, N_PROMPTS = 8, 17, 20          # 17 = 1 (prefill) + 2·B: a forced-perfect drafter fills every cycle
@@ -336,7 +336,7 @@ def test_sampling_temperature_zero_is_greedy(world):
 
 # ---------------------------------------------------------------- benchmark prompt sets
 from dflash_nb.prompts import read_prompt_file, render_prompts, PromptFileError
-from dflash_nb.evaluate import prompt_set_tau
+from dflash_nb.tau import prompt_set_tau
 
 PROMPTS = REPO / "tests" / "data" / "prompts"
 
@@ -435,7 +435,8 @@ def test_bf16_target_with_fp32_drafter(world):
 
 # ---------------------------------------------------------------- hybrid targets: snapshot of the linear-attention state
 from dflash_nb.decoding import snapshot_linear_state, restore_cache
-from dflash_nb.evaluate import format_drafts, show_drafts, main as eval_main
+from dflash_nb.tau import format_drafts, show_drafts
+from dflash_nb.evaluate import main as eval_main
 
 HB, H_NEW = 4, 11   # block size, generated tokens on the hybrid target
 

@@ -15,7 +15,7 @@ import pytest, torch
 from _serving_common import served_target, write_served_target
 from dflash_nb.anchors import anchor_block_labels, block_input_ids, block_position_ids, make_packed_row, sample_anchors
 from dflash_nb.attention import AnchorBlockLayout
-from dflash_nb.evaluate import prompt_set_tau
+from dflash_nb.tau import prompt_set_tau
 from dflash_nb.export import export_drafter, load_exported_drafter
 from dflash_nb.loss import block_loss
 from dflash_nb.model import DFlashDrafter, DrafterConfig, resolve_mask_token_id
