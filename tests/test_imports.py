@@ -10,8 +10,6 @@ from test_chapter_order import _dflash_module
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_INSIDE = 0.25
-# evaluate.py is being split on another branch (09b_evaluate), which moves its imports; the merge removes this
-BEING_SPLIT = {"evaluate.py"}
 
 
 def own_imports(source: str) -> tuple[list[int], list[int]]:
@@ -33,7 +31,7 @@ def uncommented(source: str, lines: list[int]) -> list[int]:
 
 
 def scanned() -> list[Path]:
-    return [p for p in sorted((REPO / "dflash_nb").glob("*.py")) if p.name not in BEING_SPLIT | {"_modidx.py"}]
+    return [p for p in sorted((REPO / "dflash_nb").glob("*.py")) if p.name != "_modidx.py"]
 
 
 def test_own_imports_sit_at_module_heads():
@@ -44,7 +42,7 @@ def test_own_imports_sit_at_module_heads():
         n_top, n_inside = n_top + len(top), n_inside + len(inside)
         bad += [f"dflash_nb/{p.name}:{n}" for n in uncommented(source, inside)]
     print(f"own-package imports: {n_top} at module level, {n_inside} inside functions "
-          f"({n_inside / (n_top + n_inside):.0%}; skipped while being split: {sorted(BEING_SPLIT)})")
+          f"({n_inside / (n_top + n_inside):.0%})")
     assert n_inside <= MAX_INSIDE * (n_top + n_inside), f"{n_inside} of {n_top + n_inside} inside functions"
     assert not bad, ("an own-package import inside a function says why on its line (# later chapter ..., "
                      "# optional: ...), or moves to the module's head:\n" + "\n".join(bad))
