@@ -22,7 +22,7 @@ from .vllm_worker import PARENT_FD_ENV, TMP_ENV, group_members, kill_group
 # %% auto #0
 __all__ = ['WORKER', 'REPO', 'IPC_PATH_MAX', 'MAX_TIMEOUT_S', 'WORKER_TIMEOUT_S', 'ServingUnavailable', 'ServingError',
            'serving_python', 'last_said', 'worker_tmp_dir', 'timeout_seconds', 'VLLMEngine', 'exit_status',
-           'spec_delta', 'acceptance_length']
+           'end_workers', 'spec_delta', 'acceptance_length']
 
 # %% ../nbs/01g_serving.ipynb #2fa80ebc
 WORKER = Path(vllm_worker.__file__).resolve()   # run as a script by the serving Python
@@ -222,6 +222,17 @@ def _stop(proc, wait: float):
 def __enter__(self: VLLMEngine) -> VLLMEngine: return self
 @patch
 def __exit__(self: VLLMEngine, *exc): self.close()
+
+# %% ../nbs/01g_serving.ipynb #647bcc57
+def end_workers():
+    "End every vLLM worker this process started, one still loading included, each with its whole process group."
+    me = str(os.getpid())
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[1]
+            ours = ppid == me and str(WORKER) in (d / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError): continue   # gone meanwhile
+        if ours: kill_group(int(d.name))   # its own group (start_new_session): the worker and all it started
 
 # %% ../nbs/01g_serving.ipynb #b0267703
 def spec_delta(after: dict, before: dict | None) -> dict:

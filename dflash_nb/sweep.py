@@ -126,22 +126,12 @@ def format_sweep(cells: list[dict]) -> str:
     return "\n".join(rows)
 
 # %% ../nbs/09d_sweep.ipynb #2e5522b1
-def _end_workers():
-    "SIGKILL to this process's vLLM workers, one still loading included: an interrupted sweep leaves none behind."
-    me = str(os.getpid())
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = (d / "stat").read_text().rsplit(")", 1)[1].split()[1]
-            if ppid == me and str(serving.WORKER) in (d / "cmdline").read_bytes().decode(errors="replace"):
-                os.kill(int(d.name), signal.SIGKILL)
-        except (OSError, IndexError, ValueError): pass   # gone meanwhile
-
 def _kill_workers_on_sigterm():
     "From now on SIGTERM first kills the workers (one still loading cannot read a close), then does what it did before."
     if threading.current_thread() is not threading.main_thread(): return None
     prev = signal.getsignal(signal.SIGTERM)
     def on_term(signum, frame):
-        _end_workers()
+        serving.end_workers()
         if callable(prev): prev(signum, frame)
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)
@@ -183,7 +173,7 @@ def serve_sweep(
             engines.remove(spec)
             spec.close()
     except BaseException:
-        _end_workers()   # SIGTERM (Terminated) or a failure: no worker is left loading or generating
+        serving.end_workers()   # SIGTERM (Terminated) or a failure: no worker is left loading or generating
         raise
     finally:
         if prev is not None: signal.signal(signal.SIGTERM, prev)
