@@ -285,8 +285,11 @@ def speedup(res: dict, dtype: str = "bfloat16"):
 def tau_curve_and_fit(res: dict):
     "Held-out τ against training steps (tokens seen on top), and vLLM's measured against predicted speed-up per cell."
     curve = res["tau_curve"]
+    fits = {dt: (res.get("sweeps", {}).get(dt) or {}).get("fit", []) for dt in ("float32", "bfloat16")}
     with plt.rc_context(STYLE):
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=DPI)
+        if not any(fits.values()):   # a curve with no sweep beside it (yet): the left panel alone
+            fig, a1 = plt.subplots(1, 1, figsize=(5.2, 3.6), dpi=DPI)
+        else: fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=DPI)
         steps = [r["step"] for r in curve]
         a1.plot(steps, [r["tau"] for r in curve], "o-", color="tab:blue", ms=4, label="τ, block 8 (held-out walk)")
         for i, color in ((0, "tab:green"), (1, "tab:orange"), (2, "tab:red")):
@@ -299,10 +302,13 @@ def tau_curve_and_fit(res: dict):
                                                        lambda t: t * 1e6 * seen[-1]["step"] / seen[-1]["tokens_seen"]))
             top.set_xlabel("million training tokens seen (≈)")
         a1.legend(fontsize=8)
+        if not any(fits.values()):
+            _show(fig)
+            return
         marks = {1: "o", 4: "s", 16: "^"}
         lo, hi = 10.0, 0.0
         for dt, color in (("float32", "tab:blue"), ("bfloat16", "tab:orange")):
-            for r in (res.get("sweeps", {}).get(dt) or {}).get("fit", []):
+            for r in fits[dt]:
                 a2.plot(r["predicted_speedup"], r["measured_speedup"], marks.get(r["batch"], "x"), color=color, ms=6)
                 lo, hi = min(lo, r["predicted_speedup"], r["measured_speedup"]), max(hi, r["predicted_speedup"],
                                                                                       r["measured_speedup"])
