@@ -223,7 +223,7 @@ def __enter__(self: VLLMEngine) -> VLLMEngine: return self
 @patch
 def __exit__(self: VLLMEngine, *exc): self.close()
 
-# %% ../nbs/01g_serving.ipynb #647bcc57
+# %% ../nbs/01g_serving.ipynb #5340dc23
 def end_workers():
     "End every vLLM worker this process started, one still loading included, each with its whole process group."
     me = str(os.getpid())
