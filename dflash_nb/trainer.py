@@ -631,11 +631,12 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
     metrics.nonfinite_total += counters["nonfinite_total"]
     ckpt = Checkpointer(run, metrics, start)
     preempt = Preemption(cfg.sigterm_wait_s)
-    producer, drafter_clock = make_producer(run, start), Stopwatch(run.drafter_device)
-    _announce(run, start)
-    run.log.start(start)
+    producer, drafter_clock = None, Stopwatch(run.drafter_device)
     last, history, t_start, stopped, step, cost = {}, [], time.perf_counter(), None, start, None
-    try:
+    try:   # from the producer's start on: a Ctrl-C anywhere here still stops its thread (in `finally`)
+        producer = make_producer(run, start)
+        _announce(run, start)
+        run.log.start(start)
         run.model.train()
         for step in range(start, cfg.steps):
             cfg.fault.at_step(step, run.rank)     # fault injection (tests): SIGKILL or SIGSTOP at this step
@@ -664,7 +665,7 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
                 if cfg.checkpoint.final: ckpt.checkpoint(cfg.steps)
             step = cfg.steps
     finally:
-        producer.close()
+        if producer is not None: producer.close()
         preempt.restore()
         ckpt.close()
         run.log.close()

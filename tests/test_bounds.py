@@ -188,13 +188,18 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, data_dir):
     "A real `python -m dflash_nb.train` interrupted mid-run (SIGINT, as Ctrl-C sends): one line saying how to go on."
     import signal, time
     cfg = write_run_config(tmp_path / "run.yaml", train_dict(tmp_path / "run", data_dir, steps=100_000))
-    proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], env=env(),
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)],
+                            env={**env(), "PYTHONFAULTHANDLER": "1"},   # a SIGABRT prints every thread's stack
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline: time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try: _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:   # still running: where each thread waits is the failure's message
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"still running 120 s after SIGINT; its threads:\n{err[-6000:]}")
     finally:
         proc.kill()
     assert proc.returncode == 130, err[-2000:]
