@@ -190,7 +190,10 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, data_dir):
     cfg = write_run_config(tmp_path / "run.yaml", train_dict(tmp_path / "run", data_dir, steps=100_000))
     proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)],
                             env={**env(), "PYTHONFAULTHANDLER": "1"},   # a SIGABRT prints every thread's stack
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Ctrl-C's default action, as a terminal gives it: a shell starts background jobs (a CI
+                            # runner's) with SIGINT ignored, and Python then never raises KeyboardInterrupt
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "run" / "metrics.jsonl").exists() and time.monotonic() < deadline: time.sleep(0.2)
