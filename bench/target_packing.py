@@ -17,65 +17,35 @@ Timed (--time-rows, default 4): padded vs packed feature forwards over the first
     3:1 pattern), features of layers [1, 3]: packed runs the torch conv and recurrence once per document.
 Share of peak (--peak-rows, default 1): first the best of 3 bf16 matmuls (3072^3) gives this CPU's bf16 GFLOP/s; then
 one packed bf16 feature forward per row through 4 layers of a wider dense and hybrid target (hidden 1024, Qwen3.6-27B's
-shapes scaled by 1/5) is timed and its useful FLOPs (`gpu_flops.FLOP_FORMULA`, the GPU check's) divided by time and by
-that peak.
+shapes scaled by 1/5) is timed and its useful FLOPs (`dflash_nb.gpu_target.FLOP_FORMULA`, the GPU check's) divided
+by time and by that peak.
 The box is shared: both paths of a comparison run in the same process, minutes apart; the ratios are what counts.
 
 Run: .venv/bin/python bench/target_packing.py   (writes bench/results/target_packing.json)
 """
 import argparse
-import math
 import os
 import platform
-import random
 from pathlib import Path
 
 import torch
 
 from _common import best_seconds, matmul_tflops, write_json
-from dflash_nb.anchors import make_packed_row
 from dflash_nb.rows import RowStream
-from dflash_nb.target import TargetFeatures, bucket_spans, tiny_target
-from gpu_flops import FLOP_FORMULA, target_row_flops
+from dflash_nb.target import TargetFeatures, tiny_target
+from dflash_nb.gpu_target import (FLOP_FORMULA, MAX_BATCH_TOKENS, length_mix, make_rows, row_costs,
+                                  target_row_flops)
 
-ROW, MAX_BATCH_TOKENS, MAX_LEN = 4096, 16384, 8192
+ROW = 4096
 TINY = dict(hidden_size=128, intermediate_size=384, vocab_size=4096, pad_token_id=0, eos_token_id=1)
 WIDE = dict(hidden_size=1024, intermediate_size=3456, num_heads=8, num_kv_heads=2, head_dim=128, vocab_size=4096,
             pad_token_id=0, eos_token_id=1)
 WIDE_GDN = dict(linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=128, linear_value_head_dim=128)
 
 
-def length_mix(n: int, mean: float = 2000.0, sigma: float = 0.8, seed: int = 0) -> list[int]:
-    "Thinking-trace lengths: lognormal with the given mean, clipped to [32, MAX_LEN]."
-    rng = random.Random(seed)
-    mu = math.log(mean) - sigma ** 2 / 2
-    return [min(MAX_LEN, max(32, round(rng.lognormvariate(mu, sigma)))) for _ in range(n)]
-
-
-def row_costs(doc_lengths: list[int]) -> dict:
-    "Tokens and attention pairs one row costs on each path."
-    starts = [0]
-    for n in doc_lengths: starts.append(starts[-1] + n)
-    spans = list(zip(starts[:-1], starts[1:]))
-    buckets = bucket_spans(spans, MAX_BATCH_TOKENS)
-    longest = [max(e - s for s, e in b) for b in buckets]
-    real = sum(doc_lengths)
-    return dict(real=real, padded=sum(len(b) * L for b, L in zip(buckets, longest)), packed=real,
-                pairs_useful=sum(n * n for n in doc_lengths),
-                pairs_padded=sum(len(b) * L * L for b, L in zip(buckets, longest)),
-                pairs_packed_mask=real * real, micro_batches=len(buckets))
-
-
 def hybrid_target(**kw):
     "A Qwen3.5 hybrid with Qwen3.6's pattern: layers 0-2 Gated DeltaNet, 3 full attention, 4 Gated DeltaNet."
     return tiny_target("qwen3_5", num_layers=5, full_attention_interval=4, **kw)
-
-
-def make_rows(lengths, rows, vocab: int, seed: int = 0, row: int = ROW) -> list[dict]:
-    "The packed rows (input_ids, doc_ids) of `rows` with random tokens, as the trainer builds them."
-    g = torch.Generator().manual_seed(seed)
-    doc = lambda n: {"input_ids": torch.randint(2, vocab, (n,), generator=g), "loss_mask": [1] * n}   # noqa: E731
-    return [make_packed_row([doc(min(lengths[i], row)) for i in r], row) for r in rows]
 
 
 def time_paths(model, layer_ids, batch, what: str) -> dict:

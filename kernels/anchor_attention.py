@@ -53,7 +53,7 @@ class TileConfig:
 
 
 # Config table, keyed by (head_dim, bytes per input element). How the constants were chosen (no GPU was available
-# when this table was written; bench/attention.py --sweep times alternatives on a real one):
+# when this table was written; `dflash-gpu-check --sweep` times alternatives on a real one):
 # * hard limit: every config fits SM120's 101,376 bytes of shared memory, checked on both sm_90 and sm_120 from the
 #   metadata of an ahead-of-time compile with the specialisation a real launch gets (aligned pointers and strides,
 #   which is what turns on cp.async pipelining and its buffers): tests/test_kernel_compile.py (Triton's wheel ships
