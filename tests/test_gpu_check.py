@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh --dry-run: the GPU check's steps end to end on CPU (tiny shapes), its JSON files and its budget.
+"""dflash-gpu-check --dry-run (chapter 13d_gpu_check): the GPU check's steps end to end on CPU (tiny shapes), its JSON files and its budget.
 
 The numbers of a dry run mean nothing; what is tested is that every step runs, writes the JSON it promises, that the
 Triton kernel (interpreter) and the other backends agree with the float64 reference, that the pipeline's
@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "bench" / "gpu_check.sh"
+SCRIPT = REPO / "bench" / "gpu_check.sh"          # the wrapper for a checkout whose package is not installed
+CHECK = [sys.executable, "-m", "dflash_nb.gpu_check"]
 STEPS = ["env", "parity", "speed", "pipeline", "target", "tp", "sweep", "tests"]
 DRY_BUDGET = 600   # seconds: a ceiling for a shared CI box, not what a quiet one takes (300 ran out at load ~12)
 FILES = {"env": "gpu_env.json", "parity": "gpu_parity.json", "speed": "gpu_speed.json", "pipeline": "gpu_pipeline.json",
@@ -22,9 +23,8 @@ NO_CUDA = "skipped: needs 2 CUDA devices, this machine has 0 (dry run: CUDA hidd
 
 
 def run(*args, timeout=240):
-    env = {**os.environ, "PYTHON": sys.executable}
     t = time.monotonic()
-    p = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout)
+    p = subprocess.run([*CHECK, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO / "tests")
     return p, time.monotonic() - t
 
 
@@ -71,12 +71,15 @@ def test_dry_run_runs_every_step_and_writes_its_json(full):
 
 
 @pytest.mark.slow
-def test_dry_run_env_imports_the_checkout_through_the_shim(full):
+def test_dry_run_env_imports_the_package_the_check_runs_from(full):
     out, _, _ = full
     env = load(out / "gpu_env.json")["env"]
-    # dflash_nb.kernels is kernels/ of this checkout, reached through the script's throw-away package tree
+    # the steps import the dflash_nb the check was started with, kernels/ as dflash_nb.kernels (the dflash_nb/kernels
+    # link of the checkout, or what setup.py installs); written relative to the checkout, no machine path
+    import dflash_nb
     assert Path(env["dflash_nb_kernels"]).name == "kernels" and Path(env["dflash_nb_kernels"]).parent.name == "dflash_nb"
-    assert not env["dflash_nb"].startswith(str(REPO)), env["dflash_nb"]
+    assert Path(env["dflash_nb"]).name == "dflash_nb" and not env["dflash_nb"].startswith("/"), env["dflash_nb"]
+    if Path(dflash_nb.__file__).resolve().parents[1] == REPO: assert env["dflash_nb"] == "dflash_nb"
     assert env["imported_optional_at_import"] == []           # no boto3 & co. pulled in by importing the package
     assert env["device"] == "cpu (dry run)" and env["torch"]
 
@@ -164,40 +167,37 @@ def test_tiny_budget_skips_what_does_not_fit(tmp_path):
 
 
 def test_bad_arguments_are_one_line_exit_2(tmp_path):
-    for args, what in ((["--budget", "abc"], "got 'abc'"), (["--budget", "0"], "got '0'"), (["--frobnicate"], "'--frobnicate'"),
-                       (["--budget"], "--budget needs a value"), (["--wheels", str(tmp_path)], "no .whl files in"),
-                       (["--wheels"], "--wheels needs a directory")):
+    for args, what in ((["--budget", "abc"], "got 'abc'"), (["--budget", "0"], "must be >= 1, got 0"),
+                       (["--frobnicate"], "unknown flag --frobnicate"), (["--budget"], "--budget: needs a value"),
+                       (["--wheels", str(tmp_path)], "no .whl files in"), (["--wheels"], "--wheels: needs a value"),
+                       (["--step", "frob", "--out", "x.json"], "--step: one of env, parity")):
         p, _ = run(*args, timeout=30)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and what in p.stderr, (args, p.stderr)
     assert not list(tmp_path.iterdir())
     (tmp_path / "out").mkdir(); (tmp_path / "out" / "gpu_env.json").write_text("{}")  # a usage error keeps earlier results
     p, _ = run("--out", str(tmp_path / "out"), "--wheels", str(tmp_path / "none"), timeout=30)
     assert p.returncode == 2 and (tmp_path / "out" / "gpu_env.json").read_text() == "{}"
-    p, _ = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=30,
-                          env={**os.environ, "PYTHON": "/nonexistent/python"}), 0
+    p = subprocess.run(["bash", str(SCRIPT), "--dry-run"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "PYTHON": "/nonexistent/python"})
     assert p.returncode == 2 and "/nonexistent/python" in p.stderr
+    p = subprocess.run(["bash", str(SCRIPT), "--budget", "0"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHON": sys.executable})    # the wrapper hands its arguments on
+    assert p.returncode == 2 and "--budget: must be >= 1, got 0" in p.stderr, p.stderr
 
 
 def test_gpu_plan_fits_the_default_budget_on_paper():
-    """One plan (bench/gpu_plan.py): the GPU steps (without --sweep) and the summary's reserve fit the default budget,
-    every part fits its step, and the shell takes its numbers from there (no second copy of a number in the script)."""
-    import re
-    sys.path.insert(0, str(REPO / "bench"))
-    import gpu_plan
+    """One plan (dflash_nb.gpu_plan): the GPU steps (without --sweep) and the summary's reserve fit the default budget,
+    every part fits its step, and the check takes its limits from there."""
+    from dflash_nb import gpu_plan
     assert gpu_plan.default_plan_s(dry_run=False) <= gpu_plan.BUDGET_S == 400
-    # step tp runs only with two GPUs; there the shell adds its plan to the default budget, which then fits too
+    # step tp runs only with two GPUs; there the check adds its plan to the default budget, which then fits too
     tp = gpu_plan.PLAN[False]["tp"]["step"]
     assert gpu_plan.default_plan_s(dry_run=False, gpus=2) == gpu_plan.default_plan_s(dry_run=False) + tp
     assert gpu_plan.default_plan_s(dry_run=False, gpus=2) <= gpu_plan.BUDGET_S + tp
     for dry in (False, True):
         for name, p in gpu_plan.PLAN[dry].items():
             assert all(0 < s <= p["step"] for s in p.get("parts", {}).values()), (dry, name)
-    lines = dict(line.split("=", 1) for line in gpu_plan.shell(False).split())
-    assert lines["E_PIPELINE"] == "100" and lines["M_TESTS"] == "30" and lines["BUDGET_DEFAULT"] == "400"
-    text = SCRIPT.read_text()
-    assert not re.search(r"\bE_\w+=\d", text) and not re.search(r"^BUDGET=\d", text, re.M)
-    assert 'eval "$PLAN_VARS"' in text
-    assert "BUDGET=$(( BUDGET_DEFAULT + (GPUS >= 2 ? E_TP : 0) ))" in text
+    assert gpu_plan.step_limits("pipeline", False) == (100, 100, 150) and gpu_plan.step_limits("tests", False)[1] == 30
 
 
 @pytest.mark.slow
@@ -232,9 +232,7 @@ def test_dry_run_target_forward_step(full):
 
 def test_peak_table_and_flop_formula():
     "The bf16 peak by device name (override wins), and the useful FLOPs of a row against a count by hand."
-    sys.path.insert(0, str(REPO / "bench"))
-    import gpu_flops
-    import gpu_models
+    from dflash_nb import gpu_target as gpu_flops, gpu_target as gpu_models
     assert gpu_flops.peak_tflops("NVIDIA H200") == 989 and gpu_flops.peak_tflops("NVIDIA GH200 480GB") == 989
     assert gpu_flops.peak_tflops("NVIDIA L40S") == 362 and gpu_flops.peak_tflops("NVIDIA L40") == 181
     assert gpu_flops.peak_tflops("Some new GPU") is None and gpu_flops.peak_tflops("NVIDIA H200", 500) == 500
@@ -251,9 +249,8 @@ def test_peak_table_and_flop_formula():
 
 def test_packed_check_catches_a_leaking_document():
     "Fault injection: features whose first tokens of a document carry the previous document's last one fail the check."
-    sys.path.insert(0, str(REPO / "bench"))
     import torch
-    from gpu_target import packed_vs_per_document
+    from dflash_nb.gpu_target import packed_vs_per_document
     g = torch.Generator().manual_seed(0)
     doc_ids = torch.tensor([0] * 5 + [1] * 3 + [2] * 6 + [-1] * 2)
     row = dict(input_ids=torch.randint(0, 50, (16,), generator=g), doc_ids=doc_ids)
@@ -269,7 +266,7 @@ def test_packed_check_catches_a_leaking_document():
 
 @pytest.mark.slow
 def test_tp_step_dry_run_on_cpu(tmp_path):
-    """Step tp's own command (what gpu_check.sh runs on >= 2 GPUs) in its dry run: the two 2-process runs on CPU (gloo,
+    """Step tp's own command (what dflash-gpu-check runs on >= 2 GPUs) in its dry run: the two 2-process runs on CPU (gloo,
     fp32, a tiny hybrid), its step record with the halved weights, the split target's features and the all-reduce."""
     out = tmp_path / "gpu_tp.json"
     p = subprocess.run([sys.executable, str(REPO / "bench" / "target_tp.py"), "--gpu-check", "--dry-run", "--out",
