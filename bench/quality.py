@@ -54,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import torch
 from _common import write_json
+from dflash_nb.report import paired_bootstrap, paired_t, welch   # the statistics: chapter 12_report
 
 # The recipe every lever is measured against: the DFlash paper's slot decay. Pinned, not the trainer's default (D-PACE
 # since this bench measured it): the recorded base runs and every rerun then mean the same recipe
@@ -310,54 +311,7 @@ def train_and_measure(name, setup, data, vname, variant, seed, work, n_held, eva
     return rec
 
 
-# ---- statistics (no scipy here: Student's t tail by numerical integration of its density) ----------------------------
-def t_two_sided_p(t: float, df: float) -> float:
-    "Two-sided p-value of Student's t with `df` degrees of freedom (Simpson's rule on the density, 4000 intervals)."
-    if not math.isfinite(t): return 0.0
-    t = abs(t)
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-    pdf = lambda x: c * (1 + x * x / df) ** (-(df + 1) / 2)
-    n, h = 4000, t / 4000
-    area = pdf(0) + pdf(t) + sum((4 if i % 2 else 2) * pdf(i * h) for i in range(1, n))
-    return max(0.0, min(1.0, 1 - 2 * area * h / 3))
-
-
-def welch(a: list, b: list) -> dict:
-    "Welch's t-test of mean(a) − mean(b): t, Welch–Satterthwaite df, two-sided p."
-    na, nb = len(a), len(b)
-    ma, mb = sum(a) / na, sum(b) / nb
-    va = sum((x - ma) ** 2 for x in a) / (na - 1) if na > 1 else 0.0
-    vb = sum((x - mb) ** 2 for x in b) / (nb - 1) if nb > 1 else 0.0
-    se2 = va / na + vb / nb
-    if na < 2 or nb < 2 or se2 == 0: return dict(t=None, df=None, p=None)
-    t = (ma - mb) / math.sqrt(se2)
-    df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-    return dict(t=t, df=df, p=t_two_sided_p(t, df))
-
-
-def paired_t(a: list, b: list) -> dict:
-    "Paired t-test of mean(a − b) (a pair: two runs of one seed, same drafter init, data order and anchors): t, df, p."
-    d = [x - y for x, y in zip(a, b)]
-    n = len(d)
-    if n < 2: return dict(t=None, df=None, p=None)
-    m = sum(d) / n
-    sd = math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1))
-    if sd == 0: return dict(t=None, df=n - 1, p=None)
-    t = m / (sd / math.sqrt(n))
-    return dict(t=t, df=n - 1, p=t_two_sided_p(t, n - 1))
-
-
-def paired_bootstrap(var: list[list[float]], base: list[list[float]], n: int = 2000, seed: int = 0) -> dict:
-    "Bootstrap over held-out samples of the mean per-sample τ difference (seed-averaged, paired by sample): CI and p."
-    ns = len(var[0])
-    dv = [sum(r[i] for r in var) / len(var) - sum(r[i] for r in base) / len(base) for i in range(ns)]
-    g = random.Random(seed)
-    means = sorted(sum(dv[g.randrange(ns)] for _ in range(ns)) / ns for _ in range(n))
-    mean = sum(dv) / ns
-    p = 2 * min(sum(m <= 0 for m in means), sum(m >= 0 for m in means)) / n
-    return dict(mean_diff=mean, ci95=[means[int(0.025 * n)], means[int(0.975 * n) - 1]], p=min(1.0, p))
-
-
+# ---- statistics: the library's (dflash_nb.report, chapter 12_report: 'Is a difference real?') -------------------
 def summarize(records: list[dict], setups: list[str], variants: list[str]) -> dict:
     out = {}
     for s in setups:

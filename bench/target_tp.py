@@ -12,10 +12,10 @@ forward of one packed row (median after a warm-up; both ranks start each forward
 split target against the whole one. The tp 2 / tp 1 ratios come from the same run. On 2 shared cores tensor
 parallelism is not expected to be faster: this is a correctness and memory bench.
 
-Projected (arithmetic, no weights): per-rank memory, the smallest tp that fits 8 x 80 GB, the TP group's traffic per
-layer and hours per epoch for Qwen3.6-27B, Llama-3.3-70B and Qwen3-235B-A22B, from parameter shapes (transformers'
-model classes on the meta device), the split/replicated status measured here per parameter, and the H200 numbers in
-bench/results/gpu_pipeline.json; every assumption is written into the JSON next to the number it makes.
+Projected (arithmetic, no weights; the library's `dflash_nb.parallel.tp_fit`, chapter 07c_parallel): per-rank memory,
+the smallest tp that fits 8 x 80 GB, the TP group's traffic per layer and hours per epoch for Qwen3.6-27B,
+Llama-3.3-70B and Qwen3-235B-A22B, with the split/replicated status measured here per parameter and the H200 numbers
+in bench/results/gpu_pipeline.json; every assumption is written into the JSON next to the number it makes.
 
 --gpu-check: the same measurement for bench/gpu_check.sh on a machine with >= 2 CUDA devices: NCCL, bf16, the hybrid
 at Qwen3.6-27B's width (4 layers, every 2nd full attention; a 32K vocabulary keeps the checkpoint small), plus the
@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -39,9 +38,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import now_iso, write_json   # noqa: E402  (bench/ is on sys.path from here on)
+from _common import now_iso, sync, write_json   # noqa: E402  (bench/ is on sys.path from here on)
+from dflash_nb.parallel import TP_KINDS, is_split, weight_kind, weight_pattern   # noqa: E402
 
-KINDS = ("attention", "mlp", "linear_attention", "embedding_lm_head", "norms", "other")
 DOCS = {"cpu": [200, 180, 132], "gpu": [1500, 1400, 1196], "dry": [20, 12]}   # document lengths of the packed row
 HYBRID_HEADS = dict(linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=64, linear_value_head_dim=64)
 COMMON = dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64, intermediate_size=3072,
@@ -63,40 +62,23 @@ LAUNCH_TIMEOUT_S = 600
 
 
 # ---- what a rank holds -----------------------------------------------------------------------------------------------
-def kind_of(name: str) -> str:
-    "The kind of a parameter, by its name in a transformers CausalLM."
-    if "embed_tokens" in name or name.startswith("lm_head"):
-        return "embedding_lm_head"
-    if re.search(r"norm\.(weight|bias)$", name):      # input/post-attention layernorm, q/k norms, the final norm
-        return "norms"
-    for part, kind in ((".self_attn.", "attention"), (".linear_attn.", "linear_attention"), (".mlp.", "mlp")):
-        if part in name:
-            return kind
-    return "other"
-
-
-def pattern_of(name: str) -> str:
-    "The parameter's name with its layer index replaced by '*' (one entry per kind of weight, as in a TP plan)."
-    return re.sub(r"\.layers\.\d+\.", ".layers.*.", name)
-
-
 def held_bytes(model) -> dict:
     "Bytes of parameters this rank holds, by kind, split (DTensor: its local slice) vs replicated; and per pattern."
-    from dflash_nb.parallel import is_split
-    kinds = {k: dict(split_local=0, split_whole=0, replicated=0) for k in KINDS}
+    kinds = {k: dict(split_local=0, split_whole=0, replicated=0) for k in TP_KINDS}
     patterns = {}
     for name, p in model.named_parameters():
         split = is_split(p)
         local = p.to_local() if split else p
         whole_b, local_b = p.numel() * local.element_size(), local.numel() * local.element_size()
-        k = kinds[kind_of(name)]
+        k = kinds[weight_kind(name)]
         if split:
             k["split_local"] += local_b
             k["split_whole"] += whole_b
         else:
             k["replicated"] += whole_b
-        e = patterns.setdefault(pattern_of(name), dict(kind=kind_of(name), split=split, whole_numel=0, local_numel=0,
-                                                       placements=str(getattr(p, "placements", "replicated"))))
+        e = patterns.setdefault(weight_pattern(name), dict(kind=weight_kind(name), split=split, whole_numel=0,
+                                                           local_numel=0,
+                                                           placements=str(getattr(p, "placements", "replicated"))))
         e["whole_numel"] += p.numel()
         e["local_numel"] += local.numel()
     local = sum(k["split_local"] + k["replicated"] for k in kinds.values())
@@ -122,7 +104,7 @@ def worker(a):
     import torch.distributed as dist
     from dflash_nb.parallel import load_target_tp, saved_tiny_target, tp_mesh
     from dflash_nb.target import TargetFeatures, load_target
-    from gpu_models import spread_ids
+    from dflash_nb.gpu_target import spread_ids
     spec = json.loads(a.spec)
     cuda = spec["device"] == "cuda"
     if cuda:
@@ -163,12 +145,10 @@ def worker(a):
     times = []
     for _ in range(spec["warmup"] + spec["repeats"]):
         dist.barrier()                                         # both ranks start together: the same contention
-        if cuda:
-            torch.cuda.synchronize()
+        sync(dev)
         t = time.perf_counter()
         feats = tf(input_ids, doc_ids)
-        if cuda:
-            torch.cuda.synchronize()
+        sync(dev)
         times.append(time.perf_counter() - t)
     end = rss_mib()
     out = dict(rank=rank, tp=a.tp, arch=spec["tiny"].get("arch"), load_s=load_s, packing=tf.packing,
@@ -199,12 +179,10 @@ def allreduce_bandwidth(group, tokens, hidden, dtype, dev, n) -> dict:
     times = []
     for _ in range(7):
         dist.barrier(group=group)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        sync(dev)
         t = time.perf_counter()
         dist.all_reduce(x, group=group)
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+        sync(dev)
         times.append(time.perf_counter() - t)
     s = statistics.median(times[2:])
     size = x.numel() * x.element_size()
@@ -254,7 +232,7 @@ def compare(arch: str, runs: dict, work: Path) -> dict:
     t2 = max(r["forward_median_s"] for r in two)
     held1, held2 = one[0]["held"], two[0]["held"]
     shares = {}
-    for k in KINDS:
+    for k in TP_KINDS:
         h = held2["kinds"][k]
         whole = h["split_whole"] + h["replicated"]
         if whole:
@@ -278,22 +256,17 @@ def compare(arch: str, runs: dict, work: Path) -> dict:
         features_max_rel_err=err, packing={"tp1": one[0]["packing"], "tp2": two[0]["packing"]})
 
 
-# ---- the projection --------------------------------------------------------------------------------------------------
-GB = 1e9
+# ---- the projection (the arithmetic is the library's: dflash_nb.parallel.tp_fit, chapter 07c_parallel) --------------
 CARD_GB = 80
 GPUS = 8
 EPOCH_TOKENS = 1.87e9
 ROW_TOKENS = 4096
-BUS_GB_S = {"NVLink": 350.0, "PCIe": 25.0}     # assumed NCCL bus bandwidth (busbw), not measured here
-LATENCY_S = {"NVLink": 20e-6, "PCIe": 50e-6}   # assumed per collective
-DRAFTER = dict(num_hidden_layers=5, layer_types=["sliding"] * 4 + ["full"], sliding_window=2048, block_size=16,
-               mask_token_id=0)
 
 
 def real_models() -> dict:
     "The three targets of the projection as transformers configs (text models) and the measured arch they follow."
     from transformers import LlamaConfig, Qwen3_5TextConfig, Qwen3MoeConfig
-    from gpu_models import TARGET_DIMS
+    from dflash_nb.gpu_target import TARGET_DIMS
     q36 = dict(TARGET_DIMS[False])
     return {
         "Qwen3.6-27B": dict(measured="qwen3_5", config=Qwen3_5TextConfig(
@@ -312,92 +285,6 @@ def real_models() -> dict:
     }
 
 
-def plan_split(pattern: str, config) -> bool | None:
-    "Whether transformers' TP plan splits this parameter (None: the plan does not name it, so it stays whole)."
-    from dflash_nb.parallel import tp_plan_of
-    plan = {**{f"model.{k}": v for k, v in tp_plan_of(config).items()}, "lm_head": "colwise_gather_output"}
-    for key in (pattern, pattern.rsplit(".", 1)[0]):
-        if key in plan:
-            return not plan[key].startswith("replicated")
-    return None
-
-
-def shapes_on_meta(config) -> dict:
-    "Parameter counts per pattern of the model `config` describes (built on the meta device: shapes, no weights)."
-    import torch
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    counts = {}
-    for name, p in model.named_parameters():
-        counts[pattern_of(name)] = counts.get(pattern_of(name), 0) + p.numel()
-    return counts
-
-
-def drafter_params(config) -> int:
-    "Trainable parameters of the flagship-shaped drafter (5 layers) on this target (built on the meta device)."
-    import torch
-    from torch import nn
-    from dflash_nb.model import DFlashDrafter, DrafterConfig
-    dc = DrafterConfig.from_target(config, **DRAFTER)
-    with torch.device("meta"):
-        embed = nn.Embedding(config.vocab_size, config.hidden_size).requires_grad_(False)
-        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False).requires_grad_(False)
-        d = DFlashDrafter(dc, embed, head)
-    return sum(p.numel() for p in d.parameters() if p.requires_grad)
-
-
-def hybrid(config) -> bool:
-    "A Qwen3.5/3.6-style hybrid: Gated DeltaNet layers next to (gated-output) full attention."
-    return "linear_attention" in (getattr(config, "layer_types", None) or [])
-
-
-def layer_flops_per_token(config, ctx: float) -> dict:
-    "Forward FLOPs per token of an average decoder layer: 2 x active parameters + attention over `ctx` + recurrence."
-    c = config
-    H, hd, nq, nkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
-    q_out = nq * hd * (2 if hybrid(c) else 1)           # Qwen3.5/3.6: q_proj also gives the output gate
-    attn = H * q_out + 2 * H * nkv * hd + nq * hd * H
-    if c.model_type == "qwen3_moe":
-        mlp = c.num_experts_per_tok * 3 * H * c.moe_intermediate_size + H * c.num_experts
-    else:
-        mlp = 3 * H * c.intermediate_size
-    full = 2 * (attn + mlp) + 4 * nq * hd * ctx
-    if not hybrid(c):
-        return dict(per_layer=full, layers=c.num_hidden_layers)
-    key, val = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
-    gdn_proj = H * (2 * key + val) + H * val + 2 * H * c.linear_num_value_heads + val * H
-    gdn = 2 * (gdn_proj + mlp) + 6 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
-    n_full = c.layer_types.count("full_attention")
-    return dict(per_layer=(n_full * full + (len(c.layer_types) - n_full) * gdn) / len(c.layer_types),
-                layers=c.num_hidden_layers, full=full, linear=gdn)
-
-
-def comm_per_layer(config, tokens: int) -> dict:
-    "Tensor bytes the TP group combines per average layer for a row of `tokens` (bf16): all-reduces and all-gathers."
-    c, b = config, 2 * tokens
-    reduce_ = 2 * b * c.hidden_size                              # after attention and after the MLP
-    if not hybrid(c):
-        return dict(all_reduce_bytes=reduce_, all_gather_bytes=0, collectives=2)
-    key, val = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
-    # a Gated DeltaNet layer: its 4 input projections and out_proj are colwise_gather_output (all-gathers);
-    # its MLP all-reduces
-    gather = b * (2 * key + val + val + 2 * c.linear_num_value_heads + c.hidden_size)
-    n_full = c.layer_types.count("full_attention")
-    n = len(c.layer_types)
-    return dict(all_reduce_bytes=(n_full * reduce_ + (n - n_full) * b * c.hidden_size) / n,
-                all_gather_bytes=(n - n_full) * gather / n, collectives=(n_full * 2 + (n - n_full) * 6) / n)
-
-
-def comm_seconds(comm: dict, tp: int, link: str) -> float:
-    "Seconds of one layer's collectives over a TP group of `tp` (ring: all-reduce 2(n-1)/n, all-gather (n-1)/n)."
-    if tp == 1:
-        return 0.0
-    f = (tp - 1) / tp
-    vol = 2 * f * comm["all_reduce_bytes"] + f * comm["all_gather_bytes"]
-    return vol / (BUS_GB_S[link] * GB) + comm["collectives"] * LATENCY_S[link]
-
-
 def h200_inputs() -> dict:
     "The measured inputs of the projection: bench/results/gpu_pipeline.json (one H200, Qwen3.6-27B width)."
     d = json.loads((HERE / "results" / "gpu_pipeline.json").read_text())
@@ -413,121 +300,87 @@ def h200_inputs() -> dict:
         per_layer_s_per_row=d["extrapolation"]["per_layer_s"], row_tokens=d["rows"]["mean_tokens"],
         mean_context=mean_pairs / mean_n, drafter_step_s_512=t512["seconds_per_row"],
         drafter_params=d["drafter"]["params"],
-        drafter_activations_gb=(t512["peak_gib"] * 2**30 - weights - drafter_state) / GB,
-        target_activations_gb=(d["phases"]["I"]["peak_gib"] * 2**30 - weights) / GB,
+        drafter_activations_gb=(t512["peak_gib"] * 2**30 - weights - drafter_state) / 1e9,
+        target_activations_gb=(d["phases"]["I"]["peak_gib"] * 2**30 - weights) / 1e9,
         derivation="activations = measured peak - the 8-layer target's weights - the drafter's weights, gradients "
                    "and AdamW state (16 bytes per parameter): drafter step T(512 anchors, 4096-token rows) and "
                    "target forward I, both at hidden 5120")
 
 
-def verdict(rows: list, fit: int | None, kv: int) -> str:
-    "One line: the smallest tp that fits, or why none does."
-    if fit:
-        return f"tp {fit} (dp {GPUS // fit})"
-    alone = rows[0]["drafter_gb"] + rows[0]["activations_gb"]
-    why = ", ".join(f"tp {r['tp']} needs {r['total_gb']:.0f} GB" + ("" if r["heads_divide"] else
-                    f" and is refused ({kv} KV heads)") for r in rows if r["tp"] >= 4)
-    return (f"does not fit {GPUS} x {CARD_GB} GB with tensor parallelism alone: {why}"
-            + (f"; the drafter alone (states + activations) needs {alone:.0f} GB" if alone > CARD_GB else ""))
+def project_model(m: dict, status: dict, h: dict, sec_per_flop: float) -> dict:
+    "One real target: `tp_fit` with the measured split status and the H200's activations and rate, plus epoch hours."
+    from dflash_nb.parallel import ASSUMED_LINKS, layer_flops_per_token, tp_fit, tp_verdict
+    c = m["config"]
+    flops = layer_flops_per_token(c, h["mean_context"])
+    t_layer_token = sec_per_flop * flops["per_layer"]
+    act = (h["drafter_activations_gb"] + h["target_activations_gb"]) * c.hidden_size / 5120
+    f = tp_fit(c, GPUS, CARD_GB, act, split=status, row_tokens=ROW_TOKENS, s_per_layer_token=t_layer_token)
+    p, run_layers = f["params"], c.num_hidden_layers - 2            # the default feature ids end at L - 3
+    drafter_s_token = h["drafter_step_s_512"] / h["row_tokens"] * f["drafter_params"] / h["drafter_params"]
+    for r in f["rows"]:
+        for link in ASSUMED_LINKS:
+            # per micro-step a rank runs tp forwards split tp ways: its target time per token of its own row
+            per_token = run_layers * t_layer_token / r[f"tp_efficiency_{link}"]
+            r[f"target_hours_{link}"] = EPOCH_TOKENS / GPUS * per_token / 3600
+            r[f"with_drafter_hours_{link}"] = EPOCH_TOKENS / GPUS * (per_token + drafter_s_token) / 3600
+    n = p["split"] + p["whole"]
+    return dict(
+        note=m["note"], split_status_from=f"the {m['measured']} run measured here" +
+        (f"; not measured, from transformers' plan: {p['from_plan']}" if p["from_plan"] else ""),
+        params=n, active_params_per_token=n - p["experts"] * (
+            1 - getattr(c, "num_experts_per_tok", 1) / getattr(c, "num_experts", 1)),
+        kinds={k: dict(params=v["split"] + v["whole"], split_share=v["split"] / (v["split"] + v["whole"]))
+               for k, v in p["kinds"].items()},
+        heads=dict(q=f["heads"][0], kv=f["heads"][1], tp_max_by_heads=max(r["tp"] for r in f["rows"]
+                                                                          if r["heads_divide"])),
+        drafter_params=f["drafter_params"], layers_run=run_layers, flops_per_token_per_layer=flops["per_layer"],
+        seconds_per_token_per_layer=t_layer_token, comm_per_layer_row=f["comm_per_layer_row"],
+        smallest_tp_that_fits=f["smallest_tp"], verdict=tp_verdict(f), rows=f["rows"])
+
+
+def assumptions(h: dict) -> list:
+    from dflash_nb.parallel import ASSUMED_LINKS
+    return [
+        "bf16 target weights; per rank = split parameters / tp + the parameters that stay whole, split or "
+        "whole as measured here per parameter (layer index aside) on the tiny targets of the same code, or "
+        "transformers' plan where no tiny target has the parameter (the MoE experts and router)",
+        "parameter counts from transformers' model classes on the meta device (shapes only)",
+        "drafter: 5 layers (4 sliding + 1 full) of the target's width, DrafterConfig.from_target's dimensions; "
+        "fp32 master weights + gradients + AdamW m, v = 16 bytes per trainable parameter; the frozen embedding "
+        "and lm_head are the target's own at tp 1 and two whole bf16 copies at tp > 1 (plain_copy)",
+        f"activations: the H200's drafter step at 512 anchors + target forward at hidden 5120 "
+        f"({h['drafter_activations_gb'] + h['target_activations_gb']:.1f} GB, derived as in inputs.derivation), "
+        "scaled by hidden / 5120; nothing else (CUDA context, allocator slack) is counted: 80 GB decimal",
+        "tp must divide the query and KV heads (check_tp_target); the Gated DeltaNet heads (16 key / 48 value) "
+        "divide 8 and are gathered whole anyway",
+        "time: the H200's measured seconds per layer per row (Qwen3.6-27B width) per FLOP, applied to each "
+        "model's forward FLOPs per token of an average layer (2 x active parameters + 4 x heads x head_dim x "
+        "the rows' mean causal context + the Gated DeltaNet recurrence); the same achieved rate on an 80 GB "
+        "card; MoE expert routing in transformers' eager code is likely slower than this",
+        f"TP traffic per layer and row of {ROW_TOKENS} tokens in bf16: a full-attention/MLP layer 2 all-reduces "
+        "of tokens x hidden; a Gated DeltaNet layer 1 all-reduce (MLP) + all-gathers of its 4 input "
+        "projections' and out_proj's outputs; ring cost 2(n-1)/n (all-reduce), (n-1)/n (all-gather) of the "
+        f"bytes over assumed links {ASSUMED_LINKS} (bus bandwidth GB/s, latency s per collective; "
+        "not measured here; bench/gpu_check.sh's tp step measures a pair's); no overlap with compute",
+        "per micro-step a TP group runs every member's row (tp forwards, each split tp ways), so a rank's "
+        "target time per own token is layers x (t_layer + tp x comm): tp changes memory and traffic, not "
+        "the ideal throughput; dp = 8 / tp groups, all 8 ranks train the drafter on their own rows",
+        "hours per epoch: 1.87e9 tokens over 8 ranks, the feature forward running L - 2 layers; "
+        "'with drafter' adds the H200's drafter step at 512 anchors per 4096-token row, scaled by drafter "
+        "parameters, serially (one GPU holds both; the pipeline measured 0.86 of serial on one H200)",
+    ]
 
 
 def project(measured: dict) -> dict:
     "Per-rank memory, the smallest tp that fits, traffic and hours per epoch for the three real targets."
+    from dflash_nb.parallel import layer_flops_per_token
     h = h200_inputs()
     q36 = real_models()["Qwen3.6-27B"]["config"]
     ref = layer_flops_per_token(q36, h["mean_context"])["per_layer"]
-    sec_per_token_layer = h["per_layer_s_per_row"] / h["row_tokens"] / ref   # per FLOP: the H200's measured rate
-    out = {}
-    for name, m in real_models().items():
-        c = m["config"]
-        counts = shapes_on_meta(c)
-        status, from_plan = measured[m["measured"]], []
-        kinds = {k: dict(split=0, whole=0) for k in KINDS}
-        for pat, n in counts.items():
-            if pat in status:
-                split = status[pat]
-            else:
-                split = bool(plan_split(pat, c))
-                from_plan.append(f"{pat}: {'split' if split else 'whole'}")
-            kinds[kind_of(pat)]["split" if split else "whole"] += n
-        experts = sum(n for pat, n in counts.items() if ".mlp.experts." in pat)
-        split_n = sum(k["split"] for k in kinds.values())
-        whole_n = sum(k["whole"] for k in kinds.values())
-        flops = layer_flops_per_token(c, h["mean_context"])
-        comm = comm_per_layer(c, ROW_TOKENS)
-        dparams = drafter_params(c)
-        scale = c.hidden_size / 5120
-        act = (h["drafter_activations_gb"] + h["target_activations_gb"]) * scale
-        run_layers = c.num_hidden_layers - 2                     # the default feature ids end at L - 3
-        t_layer_token = sec_per_token_layer * flops["per_layer"]
-        drafter_s_token = h["drafter_step_s_512"] / h["row_tokens"] * dparams / h["drafter_params"]
-        rows = []
-        heads = (c.num_attention_heads, c.num_key_value_heads)
-        for tp in (1, 2, 4, 8):
-            target_gb = 2 * (split_n / tp + whole_n) / GB
-            drafter_gb = 16 * dparams / GB
-            copies_gb = 2 * 2 * c.vocab_size * c.hidden_size / GB if tp > 1 else 0.0
-            total = target_gb + drafter_gb + copies_gb + act
-            r = dict(tp=tp, dp=GPUS // tp, heads_divide=all(x % tp == 0 for x in heads), target_gb=target_gb,
-                     drafter_gb=drafter_gb, embed_head_copies_gb=copies_gb, activations_gb=act, total_gb=total,
-                     fits=total <= CARD_GB,
-                     traffic_mb_per_layer_row=(comm["all_reduce_bytes"] + comm["all_gather_bytes"]) / 1e6 if tp > 1
-                     else 0.0)
-            for link in BUS_GB_S:
-                comm_token = comm_seconds(comm, tp, link) / ROW_TOKENS
-                # per micro-step a rank runs tp forwards split tp ways: its target time per token of its own row
-                per_token = run_layers * (t_layer_token + tp * comm_token)
-                r[f"tp_efficiency_{link}"] = t_layer_token / (t_layer_token + tp * comm_token)
-                r[f"target_hours_{link}"] = EPOCH_TOKENS / GPUS * per_token / 3600
-                r[f"with_drafter_hours_{link}"] = EPOCH_TOKENS / GPUS * (per_token + drafter_s_token) / 3600
-            rows.append(r)
-        allowed = [r for r in rows if r["heads_divide"]]
-        fit = next((r["tp"] for r in allowed if r["fits"]), None)
-        out[name] = dict(
-            note=m["note"], split_status_from=f"the {m['measured']} run measured here" +
-            (f"; not measured, from transformers' plan: {from_plan}" if from_plan else ""),
-            params=split_n + whole_n, active_params_per_token=split_n + whole_n - experts * (
-                1 - getattr(c, "num_experts_per_tok", 1) / getattr(c, "num_experts", 1)),
-            kinds={k: dict(params=v["split"] + v["whole"], split_share=v["split"] / max(v["split"] + v["whole"], 1))
-                   for k, v in kinds.items() if v["split"] + v["whole"]},
-            heads=dict(q=heads[0], kv=heads[1], tp_max_by_heads=max(r["tp"] for r in allowed)),
-            drafter_params=dparams, layers_run=run_layers, flops_per_token_per_layer=flops["per_layer"],
-            seconds_per_token_per_layer=t_layer_token, comm_per_layer_row=comm,
-            smallest_tp_that_fits=fit,
-            verdict=verdict(rows, fit, heads[1]),
-            rows=rows)
-    return dict(
-        projected=True, inputs=h, card_gb=CARD_GB, gpus=GPUS, epoch_tokens=EPOCH_TOKENS, row_tokens=ROW_TOKENS,
-        seconds_per_flop_h200=sec_per_token_layer, models=out,
-        assumptions=[
-            "bf16 target weights; per rank = split parameters / tp + the parameters that stay whole, split or "
-            "whole as measured here per parameter (layer index aside) on the tiny targets of the same code, or "
-            "transformers' plan where no tiny target has the parameter (the MoE experts and router)",
-            "parameter counts from transformers' model classes on the meta device (shapes only)",
-            "drafter: 5 layers (4 sliding + 1 full) of the target's width, DrafterConfig.from_target's dimensions; "
-            "fp32 master weights + gradients + AdamW m, v = 16 bytes per trainable parameter; the frozen embedding "
-            "and lm_head are the target's own at tp 1 and two whole bf16 copies at tp > 1 (plain_copy)",
-            f"activations: the H200's drafter step at 512 anchors + target forward at hidden 5120 "
-            f"({h['drafter_activations_gb'] + h['target_activations_gb']:.1f} GB, derived as in inputs.derivation), "
-            "scaled by hidden / 5120; nothing else (CUDA context, allocator slack) is counted: 80 GB decimal",
-            "tp must divide the query and KV heads (check_tp_target); the Gated DeltaNet heads (16 key / 48 value) "
-            "divide 8 and are gathered whole anyway",
-            "time: the H200's measured seconds per layer per row (Qwen3.6-27B width) per FLOP, applied to each "
-            "model's forward FLOPs per token of an average layer (2 x active parameters + 4 x heads x head_dim x "
-            "the rows' mean causal context + the Gated DeltaNet recurrence); the same achieved rate on an 80 GB "
-            "card; MoE expert routing in transformers' eager code is likely slower than this",
-            f"TP traffic per layer and row of {ROW_TOKENS} tokens in bf16: a full-attention/MLP layer 2 all-reduces "
-            "of tokens x hidden; a Gated DeltaNet layer 1 all-reduce (MLP) + all-gathers of its 4 input "
-            "projections' and out_proj's outputs; ring cost 2(n-1)/n (all-reduce), (n-1)/n (all-gather) of the "
-            f"bytes over an assumed bus bandwidth {BUS_GB_S} GB/s and latency {LATENCY_S} s per collective "
-            "(not measured here; bench/gpu_check.sh's tp step measures a pair's); no overlap with compute",
-            "per micro-step a TP group runs every member's row (tp forwards, each split tp ways), so a rank's "
-            "target time per own token is layers x (t_layer + tp x comm): tp changes memory and traffic, not "
-            "the ideal throughput; dp = 8 / tp groups, all 8 ranks train the drafter on their own rows",
-            "hours per epoch: 1.87e9 tokens over 8 ranks, the feature forward running L - 2 layers; "
-            "'with drafter' adds the H200's drafter step at 512 anchors per 4096-token row, scaled by drafter "
-            "parameters, serially (one GPU holds both; the pipeline measured 0.86 of serial on one H200)",
-        ])
+    sec_per_flop = h["per_layer_s_per_row"] / h["row_tokens"] / ref   # per FLOP: the H200's measured rate
+    models = {name: project_model(m, measured[m["measured"]], h, sec_per_flop) for name, m in real_models().items()}
+    return dict(projected=True, inputs=h, card_gb=CARD_GB, gpus=GPUS, epoch_tokens=EPOCH_TOKENS,
+                row_tokens=ROW_TOKENS, seconds_per_flop_h200=sec_per_flop, models=models, assumptions=assumptions(h))
 
 
 def print_tables(measured: dict, proj: dict):
@@ -614,7 +467,7 @@ def run_cpu(a):
 
 def run_gpu_check(a, rec):
     "gpu_check.sh's tp step: the hybrid at tp 1 and tp 2 on two CUDA devices (or, with --dry-run, on CPU)."
-    from gpu_plan import need
+    from dflash_nb.gpu_plan import need
     mode = "dry" if a.dry_run else "gpu"
     shape = SHAPES[mode]
     arch = next(iter(shape["archs"]))
@@ -674,7 +527,7 @@ def main(argv=None):
         shape = SHAPES[a.mode]
         return save_checkpoints(shape["archs"], shape["dtype"], a.root, shape["device"])
     if a.gpu_check:
-        from gpu_common import Record
+        from dflash_nb.gpu_plan import Record
         rec = Record("tp", a.out, a.deadline_s, a.dry_run)
         try:
             run_gpu_check(a, rec)

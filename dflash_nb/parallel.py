@@ -4,18 +4,22 @@
 
 # %% ../nbs/07c_parallel.ipynb #345c018f
 from __future__ import annotations
-import contextlib, datetime, hashlib, json, os, shutil
+import contextlib, datetime, hashlib, json, os, re, shutil
 from dataclasses import dataclass
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
 from .config import ConfigError, ExpectedError, patch
+from .model import DFlashDrafter, DrafterConfig
 from .target import tiny_target
 
 # %% auto #0
-__all__ = ['Layout', 'layout', 'tp_plan_of', 'check_tp_target', 'tp_mesh', 'is_split', 'load_target_tp', 'saved_tiny_target',
-           'plain_copy', 'held_bytes', 'group_features', 'CollectiveError', 'collective_error']
+__all__ = ['TP_KINDS', 'FLAGSHIP_DRAFTER', 'ASSUMED_LINKS', 'BYTES_TARGET', 'BYTES_TRAINED', 'Layout', 'layout', 'tp_plan_of',
+           'check_tp_target', 'tp_mesh', 'is_split', 'load_target_tp', 'saved_tiny_target', 'plain_copy', 'held_bytes',
+           'group_features', 'CollectiveError', 'collective_error', 'weight_kind', 'weight_pattern', 'split_at_tp',
+           'meta_param_counts', 'target_params', 'drafter_trainable_params', 'layer_flops_per_token', 'comm_per_layer',
+           'comm_seconds', 'tp_efficiency', 'tp_fit', 'tp_verdict']
 
 # %% ../nbs/07c_parallel.ipynb #f88c52aa
 @dataclass(frozen=True)
@@ -221,3 +225,146 @@ def collective_error(err: BaseException) -> CollectiveError | None:
                                    "the checkpoints written before are kept: restart with train.resume=auto")
         err = err.__cause__ or err.__context__
     return None
+
+# %% ../nbs/07c_parallel.ipynb #c50c49b1
+TP_KINDS = ("attention", "mlp", "linear_attention", "embedding_lm_head", "norms", "other")
+
+def weight_kind(name: str) -> str:
+    "The kind of a weight (one of `TP_KINDS`), by its name in a transformers CausalLM."
+    if "embed_tokens" in name or name.startswith("lm_head"): return "embedding_lm_head"
+    if re.search(r"norm\.(weight|bias)$", name): return "norms"     # layer norms, q/k norms, the final norm
+    for part, kind in ((".self_attn.", "attention"), (".linear_attn.", "linear_attention"), (".mlp.", "mlp")):
+        if part in name: return kind
+    return "other"
+
+def weight_pattern(name: str) -> str:
+    "The weight's name with its layer index replaced by '*', as a TP plan names it (one entry per kind of weight)."
+    return re.sub(r"\.layers\.\d+\.", ".layers.*.", name)
+
+# %% ../nbs/07c_parallel.ipynb #9567bb0b
+def split_at_tp(pattern: str, config) -> bool:
+    "Whether transformers splits this weight over a TP group: the embedding and head by the vocabulary, else its plan."
+    if weight_kind(pattern) == "embedding_lm_head": return True
+    plan, key = tp_plan_of(config), pattern.removeprefix("model.")
+    how = next((plan[k] for k in (key, key.rsplit(".", 1)[0]) if k in plan), "replicated")   # not in the plan: whole
+    return not how.startswith("replicated")
+
+# %% ../nbs/07c_parallel.ipynb #11429d23
+def meta_param_counts(config) -> dict:
+    "Parameters per weight pattern of the CausalLM `config` describes, built on the meta device (shapes, no memory)."
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"): model = AutoModelForCausalLM.from_config(config)
+    counts = {}
+    for name, p in model.named_parameters():
+        counts[weight_pattern(name)] = counts.get(weight_pattern(name), 0) + p.numel()
+    return counts
+
+def target_params(config, split: dict | None = None) -> dict:
+    "The target's parameters by kind, split over a TP group or whole: `split` (pattern -> bool) else `split_at_tp`."
+    counts, split = meta_param_counts(config), split or {}
+    kinds = {k: dict(split=0, whole=0) for k in TP_KINDS}
+    for pat, n in counts.items():
+        kinds[weight_kind(pat)]["split" if split.get(pat, split_at_tp(pat, config)) else "whole"] += n
+    return dict(kinds={k: v for k, v in kinds.items() if v["split"] + v["whole"]},
+                split=sum(v["split"] for v in kinds.values()), whole=sum(v["whole"] for v in kinds.values()),
+                experts=sum(n for pat, n in counts.items() if ".mlp.experts." in pat),
+                from_plan=[f"{p}: {'split' if split_at_tp(p, config) else 'whole'}" for p in counts if p not in split])
+
+# %% ../nbs/07c_parallel.ipynb #3ce9bbfa
+FLAGSHIP_DRAFTER = dict(num_hidden_layers=5, layer_types=["sliding"] * 4 + ["full"], sliding_window=2048,
+                        block_size=16, mask_token_id=0)     # configs/qwen3.6-27b-*.yaml's drafter
+
+def drafter_trainable_params(config, **drafter) -> int:
+    "Trainable parameters of a drafter on this target (`FLAGSHIP_DRAFTER`'s shape unless given), built on meta."
+    dc = DrafterConfig.from_target(config, **(drafter or FLAGSHIP_DRAFTER))
+    with torch.device("meta"):
+        embed = nn.Embedding(config.vocab_size, config.hidden_size).requires_grad_(False)
+        head = nn.Linear(config.hidden_size, config.vocab_size, bias=False).requires_grad_(False)
+        drafter = DFlashDrafter(dc, embed, head)
+    return sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+
+# %% ../nbs/07c_parallel.ipynb #39d02108
+def _hybrid(config) -> bool: return "linear_attention" in (getattr(config, "layer_types", None) or [])
+
+def layer_flops_per_token(config, ctx: float) -> dict:
+    "Forward FLOPs per token of an average decoder layer: 2 x active weights + attention over `ctx` + recurrence."
+    c = config
+    H, hd, nq, nkv = c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads
+    q_out = nq * hd * (2 if _hybrid(c) else 1)            # Qwen3.5/3.6: q_proj also gives the output gate
+    attn = H * q_out + 2 * H * nkv * hd + nq * hd * H
+    if c.model_type == "qwen3_moe": mlp = c.num_experts_per_tok * 3 * H * c.moe_intermediate_size + H * c.num_experts
+    else: mlp = 3 * H * c.intermediate_size
+    full = 2 * (attn + mlp) + 4 * nq * hd * ctx
+    if not _hybrid(c): return dict(per_layer=full, layers=c.num_hidden_layers)
+    key, val = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
+    gdn_proj = H * (2 * key + val) + H * val + 2 * H * c.linear_num_value_heads + val * H
+    gdn = 2 * (gdn_proj + mlp) + 6 * c.linear_num_value_heads * c.linear_key_head_dim * c.linear_value_head_dim
+    n_full = c.layer_types.count("full_attention")
+    return dict(per_layer=(n_full * full + (len(c.layer_types) - n_full) * gdn) / len(c.layer_types),
+                layers=c.num_hidden_layers, full=full, linear=gdn)
+
+# %% ../nbs/07c_parallel.ipynb #3c3807e8
+def comm_per_layer(config, tokens: int) -> dict:
+    "Bytes the TP group combines per average layer for a row of `tokens` (bf16): all-reduces and all-gathers."
+    c, b = config, 2 * tokens
+    reduce_ = 2 * b * c.hidden_size                               # after attention and after the MLP
+    if not _hybrid(c): return dict(all_reduce_bytes=reduce_, all_gather_bytes=0, collectives=2)
+    key, val = c.linear_num_key_heads * c.linear_key_head_dim, c.linear_num_value_heads * c.linear_value_head_dim
+    # a Gated DeltaNet layer: its 4 input projections and out_proj are gathered; its MLP all-reduces
+    gather = b * (2 * key + val + val + 2 * c.linear_num_value_heads + c.hidden_size)
+    n_full, n = c.layer_types.count("full_attention"), len(c.layer_types)
+    return dict(all_reduce_bytes=(n_full * reduce_ + (n - n_full) * b * c.hidden_size) / n,
+                all_gather_bytes=(n - n_full) * gather / n, collectives=(n_full * 2 + (n - n_full) * 6) / n)
+
+# %% ../nbs/07c_parallel.ipynb #7656060f
+ASSUMED_LINKS = {   # ASSUMED, not measured: a TP group's bus bandwidth (NCCL busbw, GB/s) and latency per collective
+    "NVLink": dict(bus_gb_s=350.0, latency_s=20e-6),
+    "PCIe": dict(bus_gb_s=25.0, latency_s=50e-6),
+}
+
+def comm_seconds(comm: dict, tp: int, link: str) -> float:
+    "Seconds of one layer's collectives (`comm_per_layer`) over a TP group of `tp` on an `ASSUMED_LINKS` link."
+    if tp == 1: return 0.0
+    f, speed = (tp - 1) / tp, ASSUMED_LINKS[link]
+    return (2 * f * comm["all_reduce_bytes"] + f * comm["all_gather_bytes"]) / (speed["bus_gb_s"] * 1e9) \
+        + comm["collectives"] * speed["latency_s"]
+
+def tp_efficiency(s_per_layer_token: float, comm: dict, tp: int, link: str, row_tokens: int) -> float:
+    "Compute's share of a rank's target time at `tp`: t / (t + tp x the collectives' seconds per token)."
+    return s_per_layer_token / (s_per_layer_token + tp * comm_seconds(comm, tp, link) / row_tokens)
+
+# %% ../nbs/07c_parallel.ipynb #d5b4313a
+BYTES_TARGET, BYTES_TRAINED = 2, 16   # per weight: the frozen target in bf16; a drafter weight + gradient + AdamW m, v
+
+def tp_fit(config, gpus: int = 8, card_gb: float = 80, activations_gb: float = 0.0, split: dict | None = None,
+           drafter: dict | None = None, row_tokens: int = 4096, s_per_layer_token: float | None = None) -> dict:
+    "Per-rank GB of the target split over tp = 1, 2, 4, 8 ranks next to the drafter each trains: which tp fits?"
+    c, p = config, target_params(config, split)
+    dparams, comm = drafter_trainable_params(c, **(drafter or {})), comm_per_layer(c, row_tokens)
+    heads, rows = (c.num_attention_heads, c.num_key_value_heads), []
+    for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0):
+        r = dict(tp=tp, dp=gpus // tp, heads_divide=all(h % tp == 0 for h in heads),
+                 target_gb=BYTES_TARGET * (p["split"] / tp + p["whole"]) / 1e9,
+                 drafter_gb=BYTES_TRAINED * dparams / 1e9,
+                 embed_head_copies_gb=2 * BYTES_TARGET * c.vocab_size * c.hidden_size / 1e9 if tp > 1 else 0.0,
+                 activations_gb=activations_gb)
+        r["total_gb"] = r["target_gb"] + r["drafter_gb"] + r["embed_head_copies_gb"] + activations_gb
+        r["fits"] = r["total_gb"] <= card_gb
+        r["traffic_mb_per_layer_row"] = (comm["all_reduce_bytes"] + comm["all_gather_bytes"]) / 1e6 if tp > 1 else 0.0
+        for link in ASSUMED_LINKS if s_per_layer_token else ():
+            r[f"tp_efficiency_{link}"] = tp_efficiency(s_per_layer_token, comm, tp, link, row_tokens)
+        rows.append(r)
+    fit = next((r["tp"] for r in rows if r["fits"] and r["heads_divide"]), None)
+    return dict(gpus=gpus, card_gb=card_gb, params=p, drafter_params=dparams, comm_per_layer_row=comm, heads=heads,
+                rows=rows, smallest_tp=fit)
+
+# %% ../nbs/07c_parallel.ipynb #1466aa5e
+def tp_verdict(fit: dict) -> str:
+    "One line from `tp_fit`: the smallest tp that fits, or what the largest two need and why none fits."
+    rows, kv, gpus, card = fit["rows"], fit["heads"][1], fit["gpus"], fit["card_gb"]
+    if fit["smallest_tp"]: return f"tp {fit['smallest_tp']} (dp {gpus // fit['smallest_tp']})"
+    why = ", ".join(f"tp {r['tp']} needs {r['total_gb']:.0f} GB" + ("" if r["heads_divide"] else
+                    f" and is refused ({kv} KV heads)") for r in rows[-2:])
+    alone = rows[0]["drafter_gb"] + rows[0]["activations_gb"]
+    return (f"does not fit {gpus} x {card:g} GB with tensor parallelism alone: {why}"
+            + (f"; the drafter alone (states + activations) needs {alone:.0f} GB" if alone > card else ""))

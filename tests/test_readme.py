@@ -72,8 +72,9 @@ CHECKS = {
     ("gpu_pipeline.json", "64-layer"): lambda d: [f"{d['extrapolation']['I_64_layer_target_s']:.2f} s"],
     ("target_packing.json", "padded"): lambda d: [f"{1 + d['tokens']['padded_waste']:.3f} → "
                                                   f"{1 + d['tokens']['packed_waste']:.3f}"],
-    ("serving-cpu.json", "identical"): lambda d: [f"{d['identical']} of {d['identical_of']}",
-                                                  f"{d['vllm']['tau']:.3f} / {d['dflash_nb']['tau']:.3f}"],
+    ("speedup-cpu-fp32.json", "fp32"): lambda d: [f"{d['best']['identical']} of {d['best']['prompts']}",
+                                                  f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
+                                                  f"{d['best']['speedup']:.2f}×"],
     ("speedup-cpu.json", "SmolLM2"): lambda d: [f"k {d['best']['k']}", f"τ {d['best']['tau']:.2f}",
                                                 f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
                                                 f"{d['best']['speedup']:.2f}×",
