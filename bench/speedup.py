@@ -269,7 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--heldout", default=None, help="tokenized held-out data for --curve (default: the run's)")
     ap.add_argument("--curve-samples", type=int, default=64, help="held-out samples walked per checkpoint")
     ap.add_argument("--no-cost", action="store_true", help="the sweep only (the cost model kept from --out)")
-    ap.add_argument("--prompt-set", default=None, help="prompt_set.json of bench/prompt_set.py, recorded as the "
+    ap.add_argument("--prompt-set", default=None, help="prompt_set.json of dflash-prompt-set, recorded as the "
                     "prompt set's size and sources")
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speedup-cpu.json"))

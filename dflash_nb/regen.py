@@ -24,9 +24,9 @@ from .serving import VLLMEngine, ServingError, ServingUnavailable, MAX_TIMEOUT_S
 # %% auto #0
 __all__ = ['MANIFEST', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling',
            'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions',
-           'regenerate', 'shard_name', 'prompts_sha', 'open_manifest', 'regenerate_shards', 'pending_shards',
-           'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts', 'context_length',
-           'check_out_dir', 'RegenLock', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
+           'regenerate', 'shard_name', 'prompts_sha', 'drop_killed_temps', 'open_manifest', 'regenerate_shards',
+           'pending_shards', 'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts',
+           'context_length', 'check_out_dir', 'RegenLock', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
            'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'GenerateConfig', 'timeout_opt', 'RegenCommand',
            'parse_args', 'run_settings', 'run_regen', 'summary']
 
@@ -292,6 +292,10 @@ def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
     return have
 
 # %% ../nbs/01h_regen.ipynb #fa2171e7
+def drop_killed_temps(out_dir: Path):
+    "Remove the temp files a killed run or merge left in `out_dir` (its shard and manifest writes); call it locked."
+    for f in [*out_dir.glob(".shard-*.jsonl.tmp-*"), *out_dir.glob(f".{MANIFEST}.tmp-*")]: f.unlink(missing_ok=True)
+
 def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False,
                   part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
     "The manifest of `out_dir` for this run: a new one, or the one on disk when it was made with the same settings."
@@ -314,8 +318,7 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
                           f"pick another --out, or --replace to start over (nothing was changed)")
     elif have is None and ours:
         raise ConfigError(f"{out_dir} holds shard files but no {MANIFEST}: pick another --out, or --replace")
-    for f in [*out_dir.glob(".shard-*.jsonl.tmp-*"), *out_dir.glob(f".{MANIFEST}.tmp-*")]:  # a killed run's temp files
-        f.unlink(missing_ok=True)
+    drop_killed_temps(out_dir)
     if have is not None and not replace: return have
     out_dir.mkdir(parents=True, exist_ok=True)
     return dict(want, shards={})
@@ -596,6 +599,7 @@ def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
         again = have is not None and have.get("merging") and run_identity(have) == run_identity(man)
         if not again and (have is not None or list(out.glob("shard-*.jsonl"))):
             raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
+        drop_killed_temps(out)                         # a SIGKILLed merge's torn write: never left beside the shards
         atomic_write_text(out / MANIFEST, json.dumps(dict(man, merging=parts, shards={}), indent=1))
         man["shards"] = shards
         for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):

@@ -30,7 +30,7 @@ def files(tmp_path):
 
 # console script -> its module; every case below runs through the module's `cli()`
 SCRIPTS = {"dflash-data": "data", "dflash-train": "train", "dflash-eval": "evaluate", "dflash-export": "export",
-           "dflash-report": "report", "dflash-gguf": "gguf"}
+           "dflash-report": "report", "dflash-gguf": "gguf", "dflash-prompt-set": "prompt_set"}
 
 DATA = ["--input", "{d}/in.jsonl", "--tokenizer", "{d}/tok", "--out", "{d}/out"]
 EVAL = ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/p.jsonl"]
@@ -84,6 +84,10 @@ CASES = [
     ("report", "missing file", ["{d}/none"], "nothing to report: no metrics.jsonl, summary.json or report.json in {d}/none"),
     ("report", "malformed YAML", ["{d}/run"], "nothing to report"),
     ("report", "bad override", ["{d}/run", "--dpi", "50"], "--dpi: must be >= 110, got 50"),
+    ("prompt_set", "bad flag", ["--out", "{d}/set", "--bogus"], "unknown flag --bogus (see --help)"),
+    ("prompt_set", "no --out", ["--min-prompts", "10"], "--out: required, not given"),
+    ("prompt_set", "bad override", ["--out", "{d}/set", "--heldout-fraction", "1"], "--heldout-fraction: must be < 1, got 1.0"),
+    ("prompt_set", "malformed YAML", ["--config", "{d}/bad.yaml"], "{d}/bad.yaml: not valid YAML: "),
     ("gguf", "bad flag", ["--out", "{d}/out", "--bogus"], "unknown flag --bogus (see --help)"),
     ("gguf", "missing file", ["--gguf", "{d}/none.gguf", "--out", "{d}/out"], "{d}/none.gguf: no such GGUF file"),
     ("gguf", "not a GGUF file", ["--gguf", "{d}/not.gguf", "--out", "{d}/out"], "not a GGUF file"),

@@ -66,6 +66,8 @@ SCRIPTS = {  # console script -> (module prog, arguments that are complete but f
     "dflash-regen": ("dflash_nb.regen", ["--out", "out", "--bogus"], "  --max-new-tokens (int, default 1024, >= 1)"),
     "dflash-export": ("dflash_nb.export", ["--checkpoint", "c", "--out", "o", "--bogus"],
                       "--dtype ({float32, bfloat16, float16} or null, default None)"),
+    "dflash-prompt-set": ("dflash_nb.prompt_set", ["--out", "out", "--bogus"],
+                          "  --heldout-fraction (float, default 0.05, >= 0)"),
 }
 
 

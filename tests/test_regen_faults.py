@@ -9,7 +9,7 @@ import pytest
 
 from _regen_common import run_main, shards
 from _serving_common import write_served_target
-from dflash_nb.regen import LOCK, MANIFEST
+from dflash_nb.regen import LOCK, MANIFEST, shard_name
 from dflash_nb.train import demo_data_dir
 from dflash_nb.vllm_worker import group_members, shm_files
 
@@ -431,6 +431,65 @@ def test_a_killed_merge_is_finished_by_merging_again(small, tmp_path, monkeypatc
     assert rc == 0 and "8 of 8 shards" in out, err
     assert shards(tmp_path / "merged") == shards(d / "whole")
     assert [f.name for f in list_inputs([str(tmp_path / "merged")])] == list(shards(d / "whole"))
+
+
+def longer_run(whole, out, copies: int) -> Path:
+    "`whole` made `copies` times as long, no generation: shard k holds whole's shard k % n, listed as it."
+    out.mkdir()
+    man = json.loads((whole / MANIFEST).read_text())
+    n = len(man["shards"])
+    man["prompts"], man["shards"] = n * copies * man["shard_size"], {str(k): man["shards"][str(k % n)]
+                                                                     for k in range(n * copies)}
+    for k in range(n * copies): shutil.copyfile(whole / shard_name(k % n), out / shard_name(k))
+    (out / MANIFEST).write_text(json.dumps(man))
+    return out
+
+
+def stopped_inside_a_write(p: subprocess.Popen, out: Path) -> bool:
+    """SIGSTOP `p` and wait until it is stopped; True when it stopped inside a shard write after its first shard (a
+    temp file on disk), else SIGCONT and False. Raises when `p` ended first: it could not be killed midway."""
+    if not (out / shard_name(0)).exists(): return False
+    p.send_signal(signal.SIGSTOP)
+    _, status = os.waitpid(p.pid, os.WUNTRACED)          # returns once it is stopped (or has ended)
+    if not os.WIFSTOPPED(status): raise AssertionError(f"the merge ended (status {status}) before it was killed")
+    if any(f.name.startswith(".shard-") for f in os.scandir(out)): return True
+    p.send_signal(signal.SIGCONT)
+    return False
+
+
+def everything(d) -> dict:
+    "{name: bytes} of every file in `d`, hidden ones (temp files, a lock) included."
+    return {f.name: f.read_bytes() for f in sorted(Path(d).iterdir())}
+
+
+def test_a_merge_killed_by_sigkill_is_finished_by_merging_again(small, tmp_path):
+    """A real `dflash-regen --merge` SIGKILLed inside a shard write after its first shard (stopped first, so what is on
+    disk at the kill is known): dflash-data refuses the directory as unfinished; the same merge again leaves exactly the
+    files, bytes and all, of a merge never interrupted, and dflash-data reads it as one complete run."""
+    from dflash_nb.inputs import list_inputs
+    _, d = small
+    big = longer_run(d / "whole", tmp_path / "big", 12)                          # 96 shards: ~0.5 s of writes
+    parts = [part_of(big, tmp_path / f"m{i}", i, 2) for i in range(2)]
+    rc, said, err = run_main("--merge", *parts, "--out", tmp_path / "once")     # the merge never interrupted
+    assert rc == 0 and "96 of 96 shards" in said, err
+    out = tmp_path / "merged"
+    p = subprocess.Popen([str(BIN / "dflash-regen"), "--merge", *map(str, parts), "--out", str(out)], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try: assert wait_for(lambda: stopped_inside_a_write(p, out), p, timeout=120), p.communicate()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+    assert p.returncode == -signal.SIGKILL
+    killed = everything(out)
+    man = json.loads(killed[MANIFEST])
+    assert man["merging"] and man["shards"] == {} and 1 <= len(shards(out)) < 96, sorted(killed)
+    assert any(n.startswith(".shard-") for n in killed) and LOCK in killed, sorted(killed)   # a torn write, a dead lock
+    with pytest.raises(Exception, match=r"an unfinished dflash-regen --merge \(0 of 96 shards done\)"):
+        list_inputs([str(out)])
+    rc, said, err = run_main("--merge", *parts, "--out", out)
+    assert rc == 0 and f"merged 2 parts: 96 of 96 shards in {out}" in said, err
+    assert everything(out) == everything(tmp_path / "once")     # no temp file, no lock: the same files, the same bytes
+    assert [f.name for f in list_inputs([str(out)])] == [shard_name(k) for k in range(96)]
 
 
 def test_a_stray_shard_is_noted_and_never_read(small, tmp_path):
