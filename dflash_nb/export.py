@@ -8,7 +8,7 @@ import contextlib, json, os, sys
 from pathlib import Path
 import torch
 from torch import nn
-from .storage import atomic_dir, clear_of_inputs, read_json
+from .storage import OutDirError, atomic_dir, clear_of_inputs, read_json
 from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
 from .model import DFlashDrafter, DrafterConfig
 from .config import ConfigError, load_config, from_dict, read_document
@@ -118,25 +118,25 @@ def check_export_dir(
     out,                    # the directory an export is about to replace
     overwrite: bool = False,  # may a previous drafter export there be replaced?
 ):
-    "FileExistsError naming `out` unless it is new, empty, or (`overwrite`) a previous export of only its own files."
+    "OutDirError naming `out` unless it is new, empty, or (`overwrite`) a previous export of only its own files."
     out = Path(out)
     if not out.exists(): return
     if not out.is_dir() or out.is_symlink():
-        raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
+        raise OutDirError(f"{out} exists and is not a directory: pick another --out")
     names = set(os.listdir(out))
     if not names: return
     owned = _export_files(out)
     if owned is None:
-        raise FileExistsError(f"{out} is not empty and is not a drafter export "
+        raise OutDirError(f"{out} is not empty and is not a drafter export "
                               f"(no {SERVING_ARCH} config.json + model.safetensors): "
                               f"refusing to replace it; pick a new or empty --out directory")
     foreign = sorted(names - owned)
     if foreign:
-        raise FileExistsError(f"{out} is a drafter export but also holds files it did not write "
+        raise OutDirError(f"{out} is a drafter export but also holds files it did not write "
                               f"({', '.join(foreign[:5])}): "
                               f"refusing to replace it; move them away or pick another --out directory")
     if not overwrite:
-        raise FileExistsError(f"{out} holds a previous drafter export: pass --overwrite to replace it, "
+        raise OutDirError(f"{out} holds a previous drafter export: pass --overwrite to replace it, "
                               f"or pick another --out directory")
 
 # %% ../nbs/10_export.ipynb #0ca234c9
@@ -374,7 +374,7 @@ def run_export(a: ExportCommand) -> Path:
         out = export_checkpoint(
             a.checkpoint, a.out, dtype=a.dtype, overwrite=a.overwrite, with_modeling_code=a.with_modeling_code
         )
-    except (FileExistsError, FileNotFoundError, ValueError) as e:  # run_cli prints it: one line, exit 2
+    except (FileNotFoundError, ValueError) as e:  # run_cli prints it: one line, exit 2
         raise ExpectedError(str(e)) from e
     if a.num_speculative_tokens is not None: write_num_speculative_tokens(out, a.num_speculative_tokens)
     cfg = json.loads((out / "config.json").read_text())

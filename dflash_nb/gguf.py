@@ -8,7 +8,7 @@ import importlib.util, json, os, sys
 from pathlib import Path
 import torch
 from .config import read_document, ConfigError
-from .storage import atomic_dir
+from .storage import OutDirError, atomic_dir
 from .commands import run_cli
 
 # %% auto #0
@@ -85,23 +85,23 @@ def check_gguf_header(path) -> dict:
 _GGUF_RECORD = "gguf.json"   # written last into a conversion: its `files` are what a later --replace may replace
 
 def check_gguf_out(out, replace: bool = False):
-    "FileExistsError unless `out` is new, empty, or (`replace`) an earlier conversion holding only its own files."
+    "OutDirError unless `out` is new, empty, or (`replace`) an earlier conversion holding only its own files."
     out = Path(out)
     if not out.exists(): return
     if not out.is_dir() or out.is_symlink():
-        raise FileExistsError(f"{out} exists and is not a directory: pick another --out")
+        raise OutDirError(f"{out} exists and is not a directory: pick another --out")
     names = set(os.listdir(out))
     if not names: return
     try: rec = read_document(out / _GGUF_RECORD, "json") if (out / _GGUF_RECORD).is_file() else None
     except ConfigError: rec = None
     files = rec.get("files") if isinstance(rec, dict) else None
     if not isinstance(files, list):
-        raise FileExistsError(f"{out} is not empty and is not a dflash-gguf conversion (no {_GGUF_RECORD}): "
+        raise OutDirError(f"{out} is not empty and is not a dflash-gguf conversion (no {_GGUF_RECORD}): "
                               "refusing to replace it; pick a new or empty --out directory")
     if foreign := sorted(names - set(map(str, files)) - {_GGUF_RECORD}):
-        raise FileExistsError(f"{out} holds files the conversion did not write ({', '.join(foreign[:5])}): "
+        raise OutDirError(f"{out} holds files the conversion did not write ({', '.join(foreign[:5])}): "
                               "refusing to replace it; move them away or pick another --out directory")
-    if not replace: raise FileExistsError(f"{out} holds an earlier conversion: pass --replace to replace it")
+    if not replace: raise OutDirError(f"{out} holds an earlier conversion: pass --replace to replace it")
 
 
 # %% ../nbs/07b_gguf.ipynb #a7b0000f

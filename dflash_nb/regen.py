@@ -15,7 +15,7 @@ from dflash_nb.records import (
     DataConfig, split_think, normalize_record, RecordError, ChatRenderer, SampleEncoder, template_fingerprint,
     load_tokenizer)
 from .progress import Progress, progress, stage
-from .storage import atomic_write_text, clear_of_inputs, file_kind, atomic_write_bytes
+from .storage import OutDirError, atomic_write_text, clear_of_inputs, file_kind, atomic_write_bytes
 from .config import patch
 from .inputs import list_inputs, open_input
 from .prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, prompt_conversations, PromptFileError
@@ -500,18 +500,18 @@ def check_out_dir(out) -> Path:
     if not os.path.lexists(out): return out
     try: mode = os.stat(out).st_mode
     except OSError as e:
-        raise ConfigError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
-    if not stat.S_ISDIR(mode): raise ConfigError(f"--out {out} is {file_kind(mode)}, not a directory")
+        raise OutDirError(f"--out {out}: {e.strerror} (a symbolic link to {os.readlink(out)}?)") from None
+    if not stat.S_ISDIR(mode): raise OutDirError(f"--out {out} is {file_kind(mode)}, not a directory")
     for f in sorted(out.iterdir()):
         ours = f.name in (MANIFEST, LOCK) or (f.name.startswith("shard-") and f.name.endswith(".jsonl"))
         if ours and f.is_symlink():
-            raise ConfigError(f"{f} is a symbolic link (to {os.readlink(f)}); this program writes that name itself: "
+            raise OutDirError(f"{f} is a symbolic link (to {os.readlink(f)}); this program writes that name itself: "
                               "remove the link or pick another --out")
         if ours and not stat.S_ISREG(f.lstat().st_mode):
             kind = file_kind(f.lstat().st_mode)
-            raise ConfigError(f"{f} is {kind}, not a regular file: remove it or pick another --out")
+            raise OutDirError(f"{f} is {kind}, not a regular file: remove it or pick another --out")
         if not ours and f.name.endswith((".json", ".jsonl")) and not f.name.startswith("."):
-            raise ConfigError(f"{out} holds {f.name}, not a file of dflash-regen "
+            raise OutDirError(f"{out} holds {f.name}, not a file of dflash-regen "
                               "(dflash-data --input would read it with the shards): pick another --out")
     return out
 
@@ -598,7 +598,7 @@ def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
             return dict(totals(have), again=True)      # this very merge, finished before: nothing to write
         again = have is not None and have.get("merging") and run_identity(have) == run_identity(man)
         if not again and (have is not None or list(out.glob("shard-*.jsonl"))):
-            raise ConfigError(f"--merge: {out} holds shards already: pick an empty --out")
+            raise OutDirError(f"--merge: {out} holds shards already: pick an empty --out")
         drop_killed_temps(out)                         # a SIGKILLed merge's torn write: never left beside the shards
         atomic_write_text(out / MANIFEST, json.dumps(dict(man, merging=parts, shards={}), indent=1))
         man["shards"] = shards

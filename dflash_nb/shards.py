@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.ipc
 import dataclasses
 from .config import ConfigError, ExpectedError, to_dict, validate_config, from_dict
-from .storage import (atomic_writer, atomic_write_text, checked_path, clear_of_inputs, inside_dir, own_temps,
-                               plain_name, read_json)
+from .storage import (OutDirError, atomic_writer, atomic_write_text, checked_path, clear_of_inputs, inside_dir,
+                               own_temps, plain_name, read_json)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
@@ -26,8 +26,8 @@ from .progress import Progress
 
 # %% auto #0
 __all__ = ['SCHEMA', 'shard_path', 'sample_hash', 'write_shard', 'shard_stats', 'audit', 'format_audit', 'DataAuditError',
-           'CorruptFileError', 'OutDirError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'check_manifest',
-           'load_manifest', 'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards']
+           'CorruptFileError', 'TokenizerSpec', 'run_shards', 'tokenize_dataset', 'check_manifest', 'load_manifest',
+           'DataMismatchError', 'check_template', 'ShardDataset', 'read_shards']
 
 # %% ../nbs/01c_shards.ipynb #0097b35b
 SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.int8())),
@@ -260,9 +260,6 @@ class DataAuditError(ExpectedError, RuntimeError):
 
 class CorruptFileError(ExpectedError, ValueError):
     "A shard or manifest that cannot be read (the message names it)."
-
-class OutDirError(ExpectedError):
-    "An output directory this run must not write to: it holds another data set, or files this program did not write."
 
 # %% ../nbs/01c_shards.ipynb #50d79332
 @dataclass

@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib, os, re, shutil, stat
 from pathlib import Path
 from typing import Optional
-from .config import ConfigError, ExpectedError, read_document
+from .config import ExpectedError, read_document
 
 # %% auto #0
 __all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'own_temps', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes',
-           'atomic_dir', 'UnsafePathError', 'plain_name', 'file_kind', 'checked_path', 'inside_dir', 'read_json',
-           'within', 'clear_of_inputs', 'split_s3', 's3_client']
+           'atomic_dir', 'UnsafePathError', 'OutDirError', 'plain_name', 'file_kind', 'checked_path', 'inside_dir',
+           'read_json', 'within', 'clear_of_inputs', 'split_s3', 's3_client']
 
 # %% ../nbs/00b_storage.ipynb #36e250a1
 def fsync_file(path):
@@ -107,6 +107,9 @@ def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, 
 class UnsafePathError(ExpectedError, ValueError):
     "A name leading outside its directory, or a path that is not the regular file (or directory) it must be."
 
+class OutDirError(ExpectedError, ValueError):
+    "An output directory a command must not write into: one of its inputs, or holding files it did not write."
+
 def plain_name(name, where: str) -> str:   # where: the file the name was read from, for the message
     "`name` if it is one plain path component (a string; no separator, not `.`/`..`, no NUL), else UnsafePathError."
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
@@ -150,14 +153,14 @@ def within(p, d) -> bool:
     return p == d or p.startswith(d.rstrip(os.sep) + os.sep)
 
 def clear_of_inputs(out, inputs: dict, out_flag: str = "--out"):   # inputs: {flag or key: [paths it read]}
-    "ConfigError unless `out` is none of `inputs`, holds none of them and lies inside none of them."
+    "OutDirError unless `out` is none of `inputs`, holds none of them and lies inside none of them."
     for flag, paths in inputs.items():
         for p in map(str, paths):
             what = (f"{out_flag} {out} is {flag} {p}" if within(p, out) and within(out, p) else
                     f"{flag} {p} lies in {out_flag} {out}" if within(p, out) else
                     f"{out_flag} {out} lies in {flag} {p}" if within(out, p) else None)
             why = f"a command never writes where it reads; pick another {out_flag} (nothing was written)"
-            if what: raise ConfigError(f"{what}: {why}")
+            if what: raise OutDirError(f"{what}: {why}")
 
 # %% ../nbs/00b_storage.ipynb #e3094bd7
 def split_s3(uri: str) -> tuple[str, str]:
