@@ -27,7 +27,7 @@ __all__ = ['FULL_TARGET_LAYERS', 'FULL_TARGET_RUN_LAYERS', 'PEAK_BF16_TFLOPS', '
            'trainer_run', 'train_steps', 'Rows', 'extrapolate', 'balance', 'median_per_item', 'measure_I',
            'build_trainer_run', 'measure_T', 'measure_P', 'pipeline_rows', 'step_pipeline', 'reference_kernels',
            'target_rows', 'packed_vs_per_document', 'TargetStep', 'hybrid_paths', 'project_epoch', 'step_target',
-           'held_bytes', 'rss_mib', 'allreduce_bandwidth', 'tp_init', 'tp_load', 'tp_forwards', 'tp_worker',
+           'held_by_kind', 'rss_mib', 'allreduce_bandwidth', 'tp_init', 'tp_load', 'tp_forwards', 'tp_worker',
            'save_tp_targets', 'launch', 'slim', 'compare', 'tp_runs', 'step_tp']
 
 # %% ../nbs/13c_gpu_target.ipynb #0ef05b70
@@ -558,8 +558,8 @@ TP_SHAPES = {   # mode -> tiny_target kwargs per arch, the documents of the pack
 }
 
 # %% ../nbs/13c_gpu_target.ipynb #c9036270
-def held_bytes(model) -> dict:
-    "Bytes of parameters this rank holds, by kind, split (DTensor: its local slice) vs replicated; and per pattern."
+def held_by_kind(model) -> dict:
+    "`held_bytes` (07c) in detail: this rank's parameter bytes by kind, split (local slice) vs replicated, per pattern."
     kinds, patterns = {k: dict(split_local=0, split_whole=0, replicated=0) for k in TP_KINDS}, {}
     for name, p in model.named_parameters():
         split = is_split(p)
@@ -670,7 +670,7 @@ def tp_worker(tp, root, work, spec):
     rank, b, a, end, docs = dist.get_rank(), mem["before"], mem["loaded"], rss_mib(), spec["docs"]
     out = dict(rank=rank, tp=tp, arch=spec["tiny"].get("arch"), load_s=load_s, packing=tf.packing,
                layers_run=max(ids) + 1, feature_ids=ids, row_tokens=sum(docs), documents=docs, forward_s=times,
-               forward_median_s=statistics.median(times), held=held_bytes(model), rss_mib=dict(
+               forward_median_s=statistics.median(times), held=held_by_kind(model), rss_mib=dict(
                    before_load=b["now"], peak_before_load=b["peak"], before_load_anon=b.get("anon"),
                    before_load_file=b.get("file"), after_load=a["now"], after_load_anon=a.get("anon"),
                    after_load_file=a.get("file"), end_anon=end.get("anon"), end_file=end.get("file"),
