@@ -1,26 +1,20 @@
 """The frozen target split tensor-parallel (chapter 07c_parallel): memory per rank and forward time, tp 2 against tp 1.
 
     python bench/target_tp.py [--out bench/results/target_tp.json]       # CPU, gloo, fp32 (a few minutes on 2 cores)
-    python bench/target_tp.py --gpu-check --out FILE [--deadline-s S] [--dry-run]   # gpu_check.sh's tp step
 
-Measured (CPU, the default): a Qwen3 dense and a Qwen3.5-style hybrid target (`dflash_nb.target.tiny_target`, hidden
-1024, saved once with `dflash_nb.parallel.saved_tiny_target`), each loaded in a 2-process torchrun run (gloo,
-OMP_NUM_THREADS=1 per rank) twice: whole on every rank (`load_target`, tp 1: what dp = 2 holds) and split over a TP
-group of 2 (`load_target_tp`). Per rank: the bytes of parameters it holds (a DTensor's `to_local()` is its slice),
-by kind and split vs replicated; its peak RSS and the increase over the RSS before loading; the `TargetFeatures`
-forward of one packed row (median after a warm-up; both ranks start each forward together); and the features of the
-split target against the whole one. The tp 2 / tp 1 ratios come from the same run. On 2 shared cores tensor
-parallelism is not expected to be faster: this is a correctness and memory bench.
+Measured (CPU): a Qwen3 dense and a Qwen3.5-style hybrid target (`dflash_nb.target.tiny_target`, hidden 1024, saved
+once with `dflash_nb.parallel.saved_tiny_target`), each loaded in a 2-process torchrun run (gloo, OMP_NUM_THREADS=1
+per rank) twice: whole on every rank (`load_target`, tp 1: what dp = 2 holds) and split over a TP group of 2
+(`load_target_tp`). The machinery is the GPU check's step tp (`dflash_nb.gpu_target`, chapter 13c_gpu_target:
+`launch`, `tp_worker`, `compare`): per rank the bytes of parameters it holds by kind, split vs replicated; its peak
+RSS and the increase over the RSS before loading; the `TargetFeatures` forward of one packed row; and the features of
+the split target against the whole one. On 2 shared cores tensor parallelism is not expected to be faster: this is a
+correctness and memory bench.
 
 Projected (arithmetic, no weights; the library's `dflash_nb.parallel.tp_fit`, chapter 07c_parallel): per-rank memory,
 the smallest tp that fits 8 x 80 GB, the TP group's traffic per layer and hours per epoch for Qwen3.6-27B,
 Llama-3.3-70B and Qwen3-235B-A22B, with the split/replicated status measured here per parameter and the H200 numbers
 in bench/results/gpu_pipeline.json; every assumption is written into the JSON next to the number it makes.
-
---gpu-check: the same measurement for bench/gpu_check.sh on a machine with >= 2 CUDA devices: NCCL, bf16, the hybrid
-at Qwen3.6-27B's width (4 layers, every 2nd full attention; a 32K vocabulary keeps the checkpoint small), plus the
-all-reduce bandwidth of the pair; its JSON is the GPU check's step record (gpu_tp.json). With --dry-run: gloo, fp32,
-tiny shapes on CPU.
 """
 from __future__ import annotations
 
@@ -29,8 +23,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,222 +30,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from _common import now_iso, sync, write_json   # noqa: E402  (bench/ is on sys.path from here on)
-from dflash_nb.parallel import TP_KINDS, is_split, weight_kind, weight_pattern   # noqa: E402
+from _common import now_iso, write_json   # noqa: E402  (bench/ is on sys.path from here on)
+from dflash_nb.gpu_target import compare, launch, save_tp_targets, slim   # noqa: E402
 
-DOCS = {"cpu": [200, 180, 132], "gpu": [1500, 1400, 1196], "dry": [20, 12]}   # document lengths of the packed row
 HYBRID_HEADS = dict(linear_num_key_heads=4, linear_num_value_heads=12, linear_key_head_dim=64, linear_value_head_dim=64)
 COMMON = dict(hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64, intermediate_size=3072,
               vocab_size=32768, full_attention_interval=4, pad_token_id=0, eos_token_id=1, seed=0)
-SHAPES = {   # (mode) -> what is measured: tiny_target kwargs per arch, the row, warm-up and timed forwards
-    "cpu": dict(archs={"qwen3": COMMON, "qwen3_5": {**COMMON, **HYBRID_HEADS}}, docs=DOCS["cpu"], warmup=1,
-                repeats=5, dtype="float32", device="cpu"),
-    "gpu": dict(archs={"qwen3_5": dict(hidden_size=5120, num_layers=4, num_heads=24, num_kv_heads=4, head_dim=256,
-                                       intermediate_size=17408, vocab_size=32768, full_attention_interval=2,
-                                       linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
-                                       linear_value_head_dim=128, pad_token_id=0, eos_token_id=1, seed=0)},
-                docs=DOCS["gpu"], warmup=2, repeats=5, dtype="bfloat16", device="cuda"),
-    "dry": dict(archs={"qwen3_5": dict(hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=16,
-                                       intermediate_size=128, vocab_size=1024, full_attention_interval=2,
-                                       pad_token_id=0, eos_token_id=1, seed=0)},
-                docs=DOCS["dry"], warmup=1, repeats=2, dtype="float32", device="cpu"),
-}
+SHAPE = dict(archs={"qwen3": COMMON, "qwen3_5": {**COMMON, **HYBRID_HEADS}}, docs=[200, 180, 132], warmup=1,
+             repeats=5, dtype="float32", device="cpu")   # what is measured: tiny_target kwargs per arch, the row
 LAUNCH_TIMEOUT_S = 600
-
-
-# ---- what a rank holds -----------------------------------------------------------------------------------------------
-def held_bytes(model) -> dict:
-    "Bytes of parameters this rank holds, by kind, split (DTensor: its local slice) vs replicated; and per pattern."
-    kinds = {k: dict(split_local=0, split_whole=0, replicated=0) for k in TP_KINDS}
-    patterns = {}
-    for name, p in model.named_parameters():
-        split = is_split(p)
-        local = p.to_local() if split else p
-        whole_b, local_b = p.numel() * local.element_size(), local.numel() * local.element_size()
-        k = kinds[weight_kind(name)]
-        if split:
-            k["split_local"] += local_b
-            k["split_whole"] += whole_b
-        else:
-            k["replicated"] += whole_b
-        e = patterns.setdefault(weight_pattern(name), dict(kind=weight_kind(name), split=split, whole_numel=0,
-                                                           local_numel=0,
-                                                           placements=str(getattr(p, "placements", "replicated"))))
-        e["whole_numel"] += p.numel()
-        e["local_numel"] += local.numel()
-    local = sum(k["split_local"] + k["replicated"] for k in kinds.values())
-    whole = sum(k["split_whole"] + k["replicated"] for k in kinds.values())
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return dict(kinds=kinds, local_bytes=local, whole_bytes=whole, buffer_bytes=buffers, patterns=patterns)
-
-
-def rss_mib() -> dict:
-    "This process's resident set in MiB: now, at its peak, and now split into anonymous and file-backed (mmap) pages."
-    names = {"VmRSS:": "now", "VmHWM:": "peak", "RssAnon:": "anon", "RssFile:": "file"}
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.split()[0] in names:
-            out[names[line.split()[0]]] = int(line.split()[1]) / 1024
-    return out
-
-
-# ---- one rank of a 2-process run -------------------------------------------------------------------------------------
-def worker(a):
-    import datetime
-    import torch
-    import torch.distributed as dist
-    from dflash_nb.parallel import load_target_tp, saved_tiny_target, tp_mesh
-    from dflash_nb.target import TargetFeatures, load_target
-    from dflash_nb.gpu_target import spread_ids
-    spec = json.loads(a.spec)
-    cuda = spec["device"] == "cuda"
-    if cuda:
-        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
-        torch.set_num_threads(1)
-    wait = datetime.timedelta(seconds=300)
-    if cuda:
-        dist.init_process_group("nccl", timeout=wait, device_id=dev)
-    else:
-        dist.init_process_group("gloo", timeout=wait)
-    rank, dtype = dist.get_rank(), getattr(torch, spec["dtype"])
-    path = saved_tiny_target(spec["tiny"], dtype, a.root)       # written before the launch: found, every rank waits
-    dist.barrier()
-    before = rss_mib()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(dev)
-        alloc0 = torch.cuda.memory_allocated(dev)
-    t = time.perf_counter()
-    if a.tp > 1:
-        model = load_target_tp(path, tp_mesh(a.tp, dev.type, 300), dtype, dev)
-    else:
-        model = load_target(path, dtype=dtype, device=dev)
-    load_s = time.perf_counter() - t
-    dist.barrier()
-    loaded = rss_mib()
-    weights_mib = (torch.cuda.memory_allocated(dev) - alloc0) / 2**20 if cuda else None
-    held = held_bytes(model)
-    ids = spread_ids(spec["tiny"]["num_layers"] - 2)           # the forward runs layers 0 .. L - 2
-    tf = TargetFeatures(model, ids)
-    g = torch.Generator().manual_seed(0)
-    docs = spec["docs"]
-    input_ids = torch.randint(2, spec["tiny"]["vocab_size"], (sum(docs),), generator=g)
-    doc_ids = torch.cat([torch.full((n,), i) for i, n in enumerate(docs)])
-    times = []
-    for _ in range(spec["warmup"] + spec["repeats"]):
-        dist.barrier()                                         # both ranks start together: the same contention
-        sync(dev)
-        t = time.perf_counter()
-        feats = tf(input_ids, doc_ids)
-        sync(dev)
-        times.append(time.perf_counter() - t)
-    end = rss_mib()
-    out = dict(rank=rank, tp=a.tp, arch=spec["tiny"].get("arch"), load_s=load_s, packing=tf.packing,
-               layers_run=max(ids) + 1, feature_ids=ids, row_tokens=sum(docs), documents=docs,
-               forward_s=times[spec["warmup"]:], forward_median_s=statistics.median(times[spec["warmup"]:]),
-               rss_mib=dict(before_load=before["now"], peak_before_load=before["peak"], before_load_anon=before.get(
-                   "anon"), before_load_file=before.get("file"), after_load=loaded["now"],
-                            after_load_anon=loaded.get("anon"), after_load_file=loaded.get("file"),
-                            end_anon=end.get("anon"), end_file=end.get("file"), peak=end["peak"]), held=held)
-    out["rss_mib"]["peak_increase"] = out["rss_mib"]["peak"] - before["now"]
-    if cuda:
-        out["cuda_mib"] = dict(weights=weights_mib, peak=(torch.cuda.max_memory_allocated(dev) - alloc0) / 2**20)
-    if a.tp > 1 and spec.get("allreduce"):
-        out["allreduce"] = allreduce_bandwidth(tp_mesh(a.tp, dev.type, 300).get_group(), sum(docs),
-                                               spec["tiny"]["hidden_size"], dtype, dev, a.tp)
-    if rank == 0:
-        torch.save(feats.float().cpu(), Path(a.work) / f"features-{out['arch']}-tp{a.tp}.pt")
-    Path(a.work, f"{out['arch']}-tp{a.tp}-rank{rank}.json").write_text(json.dumps(out, default=str))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-def allreduce_bandwidth(group, tokens, hidden, dtype, dev, n) -> dict:
-    "Seconds of one all-reduce of a (tokens, hidden) activation over the TP group; NCCL's bus bandwidth convention."
-    import torch
-    import torch.distributed as dist
-    x = torch.ones(tokens, hidden, dtype=dtype, device=dev)
-    times = []
-    for _ in range(7):
-        dist.barrier(group=group)
-        sync(dev)
-        t = time.perf_counter()
-        dist.all_reduce(x, group=group)
-        sync(dev)
-        times.append(time.perf_counter() - t)
-    s = statistics.median(times[2:])
-    size = x.numel() * x.element_size()
-    return dict(bytes=size, seconds=s, bus_gb_s=2 * (n - 1) / n * size / s / 1e9,
-                convention="bus bandwidth = 2 (n - 1) / n x bytes / seconds (NCCL's busbw for all-reduce)")
-
-
-# ---- the parent: checkpoints, launches, ratios -----------------------------------------------------------------------
-def save_checkpoints(spec_archs: dict, dtype: str, root: str, device: str):
-    "Each arch's tiny target saved once under `root` (`saved_tiny_target`), built on `device`."
-    import torch
-    from dflash_nb.parallel import saved_tiny_target
-    with torch.device(device):
-        for arch, kw in spec_archs.items():
-            saved_tiny_target({"arch": arch, **kw}, getattr(torch, dtype), root)
-
-
-def launch(arch: str, tp: int, shape: dict, root: Path, work: Path, timeout: float, allreduce: bool) -> list[dict]:
-    "One 2-process torchrun run of `worker` for `arch` at `tp`; the two ranks' records."
-    spec = dict(tiny={"arch": arch, **shape["archs"][arch]}, docs=shape["docs"], warmup=shape["warmup"],
-                repeats=shape["repeats"], dtype=shape["dtype"], device=shape["device"], allreduce=allreduce)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-           "--worker", "--tp", str(tp), "--root", str(root), "--work", str(work), "--spec", json.dumps(spec)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if p.returncode != 0:
-        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-25:])
-        raise RuntimeError(f"torchrun {arch} tp {tp} exited {p.returncode}:\n{tail}")
-    print(f"[tp] {arch} tp {tp}: 2 ranks in {time.perf_counter() - t:.1f} s", flush=True)
-    return [json.loads((work / f"{arch}-tp{tp}-rank{r}.json").read_text()) for r in (0, 1)]
-
-
-def slim(rank_record: dict) -> dict:
-    "A rank's record without its per-parameter list (kept once per arch under split_status_tp2)."
-    held = {k: v for k, v in rank_record["held"].items() if k != "patterns"}
-    return {**rank_record, "held": held}
-
-
-def compare(arch: str, runs: dict, work: Path) -> dict:
-    "tp 2 against tp 1 for one arch: bytes held, RSS, forward time, features."
-    import torch
-    one, two = runs[1], runs[2]
-    f1, f2 = (torch.load(work / f"features-{arch}-tp{tp}.pt") for tp in (1, 2))
-    err = float((f2 - f1).abs().max() / f1.abs().max().clamp_min(1e-30))
-    t1 = max(r["forward_median_s"] for r in one)
-    t2 = max(r["forward_median_s"] for r in two)
-    held1, held2 = one[0]["held"], two[0]["held"]
-    shares = {}
-    for k in TP_KINDS:
-        h = held2["kinds"][k]
-        whole = h["split_whole"] + h["replicated"]
-        if whole:
-            shares[k] = dict(whole_bytes=whole, split_share=h["split_whole"] / whole,
-                             local_bytes_tp2=h["split_local"] + h["replicated"],
-                             local_over_whole=(h["split_local"] + h["replicated"]) / whole)
-    return dict(
-        params_bytes_per_rank={"tp1": held1["local_bytes"], "tp2": [r["held"]["local_bytes"] for r in two]},
-        params_ratio_tp2_over_tp1=max(r["held"]["local_bytes"] for r in two) / held1["local_bytes"],
-        kinds_tp2=shares,
-        peak_rss_increase_mib={"tp1": [r["rss_mib"]["peak_increase"] for r in one],
-                               "tp2": [r["rss_mib"]["peak_increase"] for r in two]},
-        rss_increase_ratio_tp2_over_tp1=max(r["rss_mib"]["peak_increase"] for r in two)
-        / max(r["rss_mib"]["peak_increase"] for r in one),
-        anon_increase_mib={f"tp{tp}": [r["rss_mib"]["end_anon"] - r["rss_mib"]["before_load_anon"] for r in rs]
-                           for tp, rs in runs.items()},
-        file_increase_mib={f"tp{tp}": [r["rss_mib"]["end_file"] - r["rss_mib"]["before_load_file"] for r in rs]
-                           for tp, rs in runs.items()},
-        forward_median_s={"tp1": t1, "tp2": t2}, forward_ratio_tp2_over_tp1=t2 / t1,
-        micro_step_target_ratio_tp2_over_tp1=2 * t2 / t1,
-        features_max_rel_err=err, packing={"tp1": one[0]["packing"], "tp2": two[0]["packing"]})
 
 
 # ---- the projection (the arithmetic is the library's: dflash_nb.parallel.tp_fit, chapter 07c_parallel) --------------
@@ -425,12 +210,12 @@ def environment() -> dict:
 
 def run_cpu(a):
     "The default: measure both archs at tp 1 and 2 on CPU, project, write the JSON and print the tables."
-    shape = SHAPES["cpu"]
+    shape = SHAPE
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="target_tp."))
     try:
         root = work / "ckpt"
-        save_checkpoints(shape["archs"], shape["dtype"], str(root), "cpu")
+        save_tp_targets(shape, root)
         runs, measured, status = {}, {}, {}
         for arch in shape["archs"]:
             runs[arch] = {tp: launch(arch, tp, shape, root, work, LAUNCH_TIMEOUT_S, False) for tp in (1, 2)}
@@ -452,7 +237,7 @@ def run_cpu(a):
                     "grow by more than its slice (a slice along dim 1 of a row-major weight, o_proj/down_proj, spans "
                     "every page of it) and its anonymous pages by the copies. So on CPU the peak RSS falls far less "
                     "than the parameters held; on a GPU the slices are copied to the device and its memory is what "
-                    "halves (the --gpu-check step records torch.cuda memory). anon = RssAnon after the forwards - "
+                    "halves (the GPU check's step tp records torch.cuda memory). anon = RssAnon after the forwards - "
                     "before loading, file = RssFile likewise",
         shapes=dict(archs=shape["archs"], documents=shape["docs"], warmup=shape["warmup"], repeats=shape["repeats"],
                     dtype=shape["dtype"]),
@@ -465,76 +250,10 @@ def run_cpu(a):
     print(f"\nwrote {os.path.relpath(a.out)} in {out['wall_s']} s")
 
 
-def run_gpu_check(a, rec):
-    "gpu_check.sh's tp step: the hybrid at tp 1 and tp 2 on two CUDA devices (or, with --dry-run, on CPU)."
-    from dflash_nb.gpu_plan import need
-    mode = "dry" if a.dry_run else "gpu"
-    shape = SHAPES[mode]
-    arch = next(iter(shape["archs"]))
-    rec.update(device="cpu (dry run)" if a.dry_run else "cuda", dtype=shape["dtype"],
-               target=dict(arch=arch, **shape["archs"][arch]), documents=shape["docs"], runs={})
-    work = Path(tempfile.mkdtemp(prefix="gpu_tp."))
-    try:
-        if not rec.fits("save", need("tp", "save", a.dry_run)):
-            return rec.finish("nothing measured: no time to save the target")
-        t = time.perf_counter()
-        # built in a process of its own (on the GPU: cuda:0), so no worker shares a device or its memory with it
-        subprocess.run([sys.executable, __file__, "--save", "--root", str(work / "ckpt"), "--mode", mode],
-                       check=True, timeout=max(rec.left(), 1))
-        rec["save_s"] = round(time.perf_counter() - t, 1)
-        runs = {}
-        for tp in (1, 2):
-            if not rec.fits(f"tp {tp}", need("tp", "launch", a.dry_run)):
-                break
-            try:
-                runs[tp] = launch(arch, tp, shape, work / "ckpt", work, max(rec.left(), 1), tp > 1)
-                rec["runs"][f"tp{tp}"] = [slim(r) for r in runs[tp]]
-            except Exception as e:
-                rec.error(f"tp {tp}", e)
-                break
-            rec.save()
-        if len(runs) < 2:
-            return rec.finish(f"tp 1 and tp 2 not both measured ({sorted(runs)})")
-        rec["compare"] = c = compare(arch, runs, work)
-        ar = runs[2][0].get("allreduce") or {}
-        rec["allreduce"] = ar
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    rec.finish(f"{arch} tp2/tp1: weights per rank {c['params_ratio_tp2_over_tp1']:.2f}x, forward "
-               f"{c['forward_ratio_tp2_over_tp1']:.2f}x ({c['forward_median_s']['tp2']:.3f} vs "
-               f"{c['forward_median_s']['tp1']:.3f} s/row), features max rel err {c['features_max_rel_err']:.1e}"
-               + (f" | all-reduce {ar['bytes'] / 1e6:.3g} MB: {ar['seconds'] * 1e3:.3g} ms, bus {ar['bus_gb_s']:.3g} "
-                  "GB/s" if ar else ""))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(HERE / "results" / "target_tp.json"))
-    ap.add_argument("--gpu-check", action="store_true", help="gpu_check.sh's tp step (two CUDA devices)")
-    ap.add_argument("--dry-run", action="store_true", help="with --gpu-check: gloo, fp32, tiny shapes on CPU")
-    ap.add_argument("--deadline-s", type=float, default=600)
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--save", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--mode", default="gpu", help=argparse.SUPPRESS)
-    ap.add_argument("--tp", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--root", help=argparse.SUPPRESS)
-    ap.add_argument("--work", help=argparse.SUPPRESS)
-    ap.add_argument("--spec", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.worker:
-        return worker(a)
-    if a.save:
-        shape = SHAPES[a.mode]
-        return save_checkpoints(shape["archs"], shape["dtype"], a.root, shape["device"])
-    if a.gpu_check:
-        from dflash_nb.gpu_plan import Record
-        rec = Record("tp", a.out, a.deadline_s, a.dry_run)
-        try:
-            run_gpu_check(a, rec)
-        except BaseException as e:
-            rec.error("tp", e)
-        return 1 if rec["errors"] else 0
-    return run_cpu(a)
+    return run_cpu(ap.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ __all__ = ['STEPS', 'RESULT_FILES', 'GpuCheckError', 'GpuCheckConfig', 'parse_ar
            'cli']
 
 # %% ../nbs/13d_gpu_check.ipynb #f639bbed
-STEPS = ("env", "parity", "speed", "sweep", "pipeline", "target")   # the steps a process runs with --step
+STEPS = ("env", "parity", "speed", "sweep", "pipeline", "target", "tp")   # the steps a process runs with --step
 
 class GpuCheckError(ExpectedError):
     "The check cannot start: a bad --wheels directory, or no place for its results."
@@ -129,7 +129,8 @@ def step_functions() -> dict:
     "name -> step function(cfg, record), for the steps a process runs with --step."
     from dflash_nb import gpu_attention, gpu_target   # heavy: torch, transformers; only a step's own process needs them
     return dict(env=step_env, parity=gpu_attention.step_parity, speed=gpu_attention.step_speed,
-                sweep=gpu_attention.step_sweep, pipeline=gpu_target.step_pipeline, target=gpu_target.step_target)
+                sweep=gpu_attention.step_sweep, pipeline=gpu_target.step_pipeline, target=gpu_target.step_target,
+                tp=gpu_target.step_tp)
 
 def run_one_step(cfg: GpuCheckConfig) -> int:
     "Run step `cfg.step` into `cfg.out` within `cfg.deadline_s`: 0 ok, 1 a failure recorded, 2 it cannot run here."
@@ -225,17 +226,12 @@ def py_step(ck: Check, name: str, *extra: str) -> dict:
         "--deadline-s", str(d), *dry, *extra])
 
 def tp_step(ck: Check) -> dict:
-    "Step tp: the target split over two GPUs (bench/target_tp.py --gpu-check), where there are two; else skipped."
-    script, limits = ROOT / "bench" / "target_tp.py", step_limits("tp", ck.cfg.dry_run)
-    if ck.gpus < 2 or not script.is_file():
-        print(f"\n=== tp  (plan {limits[0]} s)  [{time.strftime('%H:%M:%S')}]")
-        hidden = " (dry run: CUDA hidden)" if ck.cfg.dry_run else ""
-        why = (f"skipped: needs 2 CUDA devices, this machine has {ck.gpus}{hidden}" if ck.gpus < 2
-               else f"skipped: no {script.name} (bench/ of a checkout)")
-        return ck.skip("tp", "gpu_tp.json", limits[0], why)
-    dry = ["--dry-run"] if ck.cfg.dry_run else []
-    return run_step(ck, "tp", "gpu_tp.json", limits, lambda d: [
-        sys.executable, str(script), "--gpu-check", "--out", str(ck.out / "gpu_tp.json"), "--deadline-s", str(d), *dry])
+    "Step tp: the target split over two GPUs (`step_tp`, chapter 13c_gpu_target), where there are two; else skipped."
+    if ck.gpus >= 2: return py_step(ck, "tp")
+    plan = step_limits("tp", ck.cfg.dry_run)[0]
+    print(f"\n=== tp  (plan {plan} s)  [{time.strftime('%H:%M:%S')}]")
+    hidden = " (dry run: CUDA hidden)" if ck.cfg.dry_run else ""
+    return ck.skip("tp", "gpu_tp.json", plan, f"skipped: needs 2 CUDA devices, this machine has {ck.gpus}{hidden}")
 
 # %% ../nbs/13d_gpu_check.ipynb #23975495
 def tests_step(ck: Check) -> dict:

@@ -269,8 +269,8 @@ def test_tp_step_dry_run_on_cpu(tmp_path):
     """Step tp's own command (what dflash-gpu-check runs on >= 2 GPUs) in its dry run: the two 2-process runs on CPU (gloo,
     fp32, a tiny hybrid), its step record with the halved weights, the split target's features and the all-reduce."""
     out = tmp_path / "gpu_tp.json"
-    p = subprocess.run([sys.executable, str(REPO / "bench" / "target_tp.py"), "--gpu-check", "--dry-run", "--out",
-                        str(out), "--deadline-s", "240"], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "dflash_nb.gpu_check", "--step", "tp", "--dry-run", "--out", str(out),
+                        "--deadline-s", "240"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     d = load(out)
     assert d["step"] == "tp" and d["dry_run"] is True and d["complete"] is True and d["errors"] == []
