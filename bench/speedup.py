@@ -38,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import now_iso, write_json  # noqa: E402
+from dflash_nb.sweep import fit_step_costs, predict_speedups  # noqa: E402
 
 STEP_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 17)
 
@@ -115,20 +116,6 @@ def cost_model(run_dir: Path, target: Path, drafter_dir: Path, dtype: str, conte
               flush=True)
     return {"dtype": dtype, "context_tokens": context, "repeats": repeats, "threads": torch.get_num_threads(),
             "drafter": str(drafter_dir), "steps": rows}
-
-
-def predict(costs: dict, per_position: list[float], ks) -> list[dict]:
-    "Predicted speed-up and break-even τ per k from the measured costs and the drafter's per-position acceptance."
-    by_n = {r["tokens"]: r for r in costs["steps"]}
-    out = []
-    for k in ks:
-        r = by_n.get(k + 1)
-        if r is None or k > len(per_position): continue
-        tau = 1 + sum(per_position[:k])
-        cost = r["verify"] + r["drafter"]
-        out.append(dict(k=k, tau=tau, verify=r["verify"], drafter=r["drafter"], break_even_tau=cost,
-                        predicted_speedup=tau / cost))
-    return out
 
 
 def run_summary(run_dir: Path) -> dict:
@@ -220,21 +207,10 @@ def untrained_like(drafter: Path, target: Path, out: Path, seed: int = 0) -> Pat
 
 
 def fit_costs(trained: dict, untrained: dict, walk_per_position: list | None) -> list[dict]:
-    """Per sweep cell: the cost of one speculative step in plain steps, c(k, batch) = τ · plain tok/s / with tok/s,
-    fitted on the untrained drafter's sweep (c is the machine's and vLLM's, not the drafter's), and the speed-up it
-    predicts for the trained drafter, τ / c, from vLLM's τ and from the held-out walk's τ(k), against the measured."""
-    cost = {(c["k"], c["batch"]): c["tau"] * c["plain_tokens_per_s"] / c["tokens_per_s"] for c in untrained["cells"]}
-    rows = []
-    for c in trained["cells"]:
-        if (step := cost.get((c["k"], c["batch"]))) is None: continue
-        row = dict(k=c["k"], batch=c["batch"], step_cost=step, break_even_tau=step, tau=c["tau"],
-                   measured_speedup=c["speedup"], predicted_speedup=c["tau"] / step,
-                   error=c["tau"] / step / c["speedup"] - 1)
-        if walk_per_position and c["k"] <= len(walk_per_position):
-            row["walk_tau"] = 1 + sum(walk_per_position[:c["k"]])
-            row["predicted_from_walk"] = row["walk_tau"] / step
-        rows.append(row)
-        print(f"k {row['k']} batch {row['batch']}: step cost {step:.2f} plain steps, predicted "
+    "The fit of chapter 09d_sweep (`fit_step_costs`), a line per cell."
+    rows = fit_step_costs(trained, untrained, walk_per_position)
+    for row in rows:
+        print(f"k {row['k']} batch {row['batch']}: step cost {row['step_cost']:.2f} plain steps, predicted "
               f"{row['predicted_speedup']:.2f}x, measured {row['measured_speedup']:.2f}x ({100 * row['error']:+.0f}%)"
               + (f"; from the walk's τ {row['walk_tau']:.2f}: {row['predicted_from_walk']:.2f}x" if "walk_tau" in row
                  else ""), flush=True)
@@ -298,7 +274,7 @@ def main(argv=None) -> int:
                                                a.repeats, a.threads)
             write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
     for dt, costs in out["cost_model"].items():   # from the trained drafter's acceptance, whenever the costs were timed
-        costs["predicted"] = predict(costs, pp, range(1, len(pp) + 1))   # every k the block allows
+        costs["predicted"] = predict_speedups(costs, pp, range(1, len(pp) + 1))   # every k the block allows
         for p in costs["predicted"]:
             print(f"{dt} k {p['k']}: τ(k) {p['tau']:.3f}, break-even τ {p['break_even_tau']:.3f}, "
                   f"predicted speed-up {p['predicted_speedup']:.2f}x", flush=True)

@@ -14,7 +14,8 @@ from .tau import first_turns
 from .vllm_worker import drafted_tokens
 
 # %% auto #0
-__all__ = ['check_sweep', 'check_vllm_args', 'serve_prompt_sets', 'best_cell', 'format_sweep', 'serve_sweep', 'costs_line']
+__all__ = ['check_sweep', 'check_vllm_args', 'serve_prompt_sets', 'best_cell', 'format_sweep', 'serve_sweep', 'costs_line',
+           'predict_speedups', 'fit_step_costs']
 
 # %% ../nbs/09d_sweep.ipynb #2881e963
 def check_sweep(ks, batch_sizes, drafter_dir) -> tuple[list[int], list[int]]:
@@ -192,3 +193,37 @@ def costs_line(c: dict) -> str:
         "block "
         f"→ expected speed-up = τ · t_1 / (t_drafter + t_block)"
     )
+
+# %% ../nbs/09d_sweep.ipynb #d8e36477
+def predict_speedups(costs: dict,           # a cost-model record: {'steps': [{'tokens', 'verify', 'drafter'}, ...]}
+                     per_position: list,    # the share of cycles that accepted each drafted slot
+                     ks) -> list[dict]:     # the k values to predict
+    "Per k: τ(k), the verify and drafter costs of a k + 1-token step, its break-even τ and the predicted speed-up."
+    by_n = {r["tokens"]: r for r in costs["steps"]}
+    out = []
+    for k in ks:
+        r = by_n.get(k + 1)
+        if r is None or k > len(per_position): continue
+        tau, cost = 1 + sum(per_position[:k]), r["verify"] + r["drafter"]
+        out.append(dict(k=k, tau=tau, verify=r["verify"], drafter=r["drafter"], break_even_tau=cost,
+                        predicted_speedup=tau / cost))
+    return out
+
+# %% ../nbs/09d_sweep.ipynb #32edfeaa
+def fit_step_costs(trained: dict,            # a sweep with the trained drafter: {'cells': [...]}
+                   untrained: dict,          # the same sweep with an untrained drafter of the same shape
+                   walk_per_position=None,   # the held-out walk's per-slot acceptance, or None
+                   ) -> list[dict]:
+    "Per cell both sweeps hold: the step cost c fitted on `untrained`, and the speed-up τ / c against the measured."
+    cost = {(c["k"], c["batch"]): c["tau"] * c["plain_tokens_per_s"] / c["tokens_per_s"] for c in untrained["cells"]}
+    rows = []
+    for c in trained["cells"]:
+        if (step := cost.get((c["k"], c["batch"]))) is None: continue
+        row = dict(k=c["k"], batch=c["batch"], step_cost=step, break_even_tau=step, tau=c["tau"],
+                   measured_speedup=c["speedup"], predicted_speedup=c["tau"] / step,
+                   error=c["tau"] / step / c["speedup"] - 1)
+        if walk_per_position and c["k"] <= len(walk_per_position):
+            row["walk_tau"] = 1 + sum(walk_per_position[:c["k"]])
+            row["predicted_from_walk"] = row["walk_tau"] / step
+        rows.append(row)
+    return rows

@@ -40,3 +40,13 @@ def test_the_bench_writer_drops_machine_paths(tmp_path):
     assert got == {"run_dir": ".../runs/a", "log": "see bench/x.log",
                    f".../{tmp_path.name}/k": ["https://docs.pytest.org/en/stable/", "3/5", "/tmp"]}, got
     assert not any(ABSOLUTE.search(s) for s in strings(got))
+
+
+def test_the_bench_annex_stays_small():
+    """bench/ holds measurement scripts only (what a test or the library needs lives in the package): at most 12% of the
+    lines of dflash_nb, kernels and bench together."""
+    lines = {d: sum(len(p.read_text().splitlines()) for p in (REPO / d).rglob("*") if p.suffix in (".py", ".sh")
+                    and p.is_file() and "__pycache__" not in p.parts and not p.is_symlink())
+             for d in ("dflash_nb", "kernels", "bench")}
+    share = lines["bench"] / sum(lines.values())
+    assert share <= 0.12, f"bench/ is {share:.1%} of the code ({lines}): move what the library or a test needs out of it"
