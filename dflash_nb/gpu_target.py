@@ -701,7 +701,8 @@ def launch(arch: str, tp: int, shape: dict, root, work, timeout: float, allreduc
                 **{k: shape[k] for k in ("docs", "warmup", "repeats", "dtype", "device")})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--no-python",
            sys.executable, "-c", TP_WORKER, str(tp), str(root), str(work), json.dumps(spec)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # TMPDIR: torchrun's agent leaves a torchelastic_* dir in the temp dir; `work` is removed with everything in it
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(work)}
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if p.returncode != 0:
