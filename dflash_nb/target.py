@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib, functools, importlib.util, inspect, itertools, sys, warnings
 from pathlib import Path
 import torch
+import torch.nn.functional as F
 from torch import nn
 from .model import default_target_layer_ids  # noqa: F401  re-exported: the layer rule belongs to chapter Model
 from .model import check_target_layer_ids    # the serving stacks' rule on layer ids
@@ -14,10 +15,11 @@ from .config import patch
 from .storage import checked_path   # a FIFO or a device at config.json: refused, never opened
 
 # %% auto #0
-__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm', 'tiny_target', 'load_target',
-           'document_spans', 'bucket_spans', 'per_document_causal_conv1d', 'per_document_gated_delta_rule',
-           'fla_causal_conv1d', 'isolated_linear_attention', 'packed_support', 'block_causal_mask', 'TargetFeatures',
-           'fast_paths', 'fast_paths_line']
+__all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'PER_DOCUMENT_SDPA', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm',
+           'tiny_target', 'load_target', 'document_spans', 'bucket_spans', 'per_document_causal_conv1d',
+           'per_document_gated_delta_rule', 'fla_causal_conv1d', 'isolated_linear_attention', 'packed_support',
+           'block_causal_mask', 'per_document_sdpa', 'attention_implementation', 'TargetFeatures', 'fast_paths',
+           'fast_paths_line']
 
 # %% ../nbs/07a_target.ipynb #d786042e
 _LAYER_PATHS = (
@@ -369,7 +371,8 @@ def packed_support(model: nn.Module) -> tuple[bool, str]:
     kinds, flash = set(getattr(cfg, "layer_types", None) or ["full_attention"]), impl.startswith("flash_attention")
     if impl not in ("sdpa", "eager") and not flash:
         return False, f"attention implementation {impl!r} is not verified with a block-diagonal mask"
-    how = "varlen flash attention (cu_seq_lens)" if flash else f"{impl} with a block-diagonal causal mask"
+    how = ("varlen flash attention (cu_seq_lens)" if flash else "sdpa once per document (causal, no mask)"
+           if impl == "sdpa" else f"{impl} with a block-diagonal causal mask")
     if cfg.model_type in _PACKED_DENSE and kinds == {"full_attention"}:
         return True, f"dense {cfg.model_type}: {how}, positions restart per document"
     if cfg.model_type not in _PACKED_HYBRID or not kinds <= {"full_attention", "linear_attention"}:
@@ -392,6 +395,37 @@ def block_causal_mask(
     doc = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
     keep = (doc[:, None] == doc[None, :]).tril_()
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
+
+# %% ../nbs/07a_target.ipynb #daaa24f5
+PER_DOCUMENT_SDPA = "dflash_per_document_sdpa"   # the attention implementation a packed sdpa forward runs under
+
+def per_document_sdpa(
+    module, query, key, value,   # (b, heads, T, d) and (b, kv_heads, T, d), as transformers' attention call passes them
+    attention_mask=None,         # None: the documents are kept apart by `document_bounds`, never by a mask
+    dropout: float = 0.0, scaling: float | None = None,
+    document_bounds: list | None = None,   # [(start, end), ...] of the row's documents; None: one document
+    **kwargs,                    # the other forward kwargs (cu_seq_lens_q, seq_idx for a hybrid's linear layers)
+):
+    "Causal `sdpa` on every document of a packed row alone: no `T²` mask, no score across documents."
+    if attention_mask is not None: raise ValueError("per_document_sdpa keeps documents apart by bounds, not a mask")
+    bounds, gqa = document_bounds or [(0, query.shape[2])], query.shape[1] != key.shape[1]
+    parts = [F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], dropout_p=dropout,
+                                            is_causal=True, scale=scaling, enable_gqa=gqa) for s, e in bounds]
+    return torch.cat(parts, 2).transpose(1, 2).contiguous(), None   # (b, T, heads, d), as transformers' sdpa
+
+@contextlib.contextmanager
+def attention_implementation(model: nn.Module, name: str):
+    "While active, every config in `model` names the attention implementation `name`; restored after, even on error."
+    from transformers import AttentionInterface   # lazy, as every transformers import of this chapter
+    if name == PER_DOCUMENT_SDPA: AttentionInterface.register(name, per_document_sdpa)
+    configs = {id(m.config): m.config for m in model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    saved = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values(): c._attn_implementation = name
+        yield
+    finally:
+        for k, c in configs.items(): c._attn_implementation = saved[k]
 
 # %% ../nbs/07a_target.ipynb #0486fddb
 class TargetFeatures:
@@ -493,21 +527,24 @@ def _run(self: TargetFeatures, ids: torch.Tensor, mask, pos: torch.Tensor, **kwa
 
 # %% ../nbs/07a_target.ipynb #baf969da
 @patch
-def _packed_inputs(self: TargetFeatures, lengths: list[int]) -> tuple[object, dict]:
-    "Attention mask and extra forward kwargs that keep the documents of one unpadded row apart."
+def _packed_inputs(self: TargetFeatures, lengths: list[int]) -> tuple[object, dict, str | None]:
+    "Attention mask, extra forward kwargs and the attention implementation that keep one unpadded row's documents apart."
     dev, cfg = self.device, _text_config(self.model)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
-    kwargs, mask = {}, None
-    if str(getattr(cfg, "_attn_implementation", "")).startswith("flash_attention"):
+    impl, kwargs, mask, swap = str(getattr(cfg, "_attn_implementation", "")), {}, None, None
+    if impl.startswith("flash_attention"):
         kwargs = dict(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max(lengths), max_length_k=max(lengths))
+    elif impl == "sdpa":   # the kernel once per document: no mask (host ints: no device sync in the forward)
+        starts = [0, *itertools.accumulate(lengths)]
+        kwargs, swap = dict(document_bounds=list(zip(starts[:-1], starts[1:]))), PER_DOCUMENT_SDPA
     elif len(lengths) > 1:
-        mask = block_causal_mask(lengths, self.dtype, dev)  # T² entries: 32 MB in bf16 at T = 4096
+        mask = block_causal_mask(lengths, self.dtype, dev)  # eager: T² entries, 32 MB in bf16 at T = 4096
     if "linear_attention" in (getattr(cfg, "layer_types", None) or ()):
         mask = {"full_attention": mask, "linear_attention": None}
         seq_idx = torch.repeat_interleave(torch.arange(len(lengths), dtype=torch.int32, device=dev),
                                           torch.tensor(lengths, device=dev))
         kwargs.update(cu_seq_lens_q=cu, seq_idx=seq_idx[None])  # read by the Gated DeltaNet conv and recurrence
-    return mask, kwargs
+    return mask, kwargs, swap
 
 # %% ../nbs/07a_target.ipynb #7d3faf9d
 @patch
@@ -528,8 +565,9 @@ def _packed_forward(self: TargetFeatures, out: torch.Tensor, input_ids: torch.Te
     lengths, dev = [e - s for s, e in spans], self.device
     rows = torch.cat([torch.arange(s, e) for s, e in spans]).to(dev)
     pos = torch.cat([torch.arange(n) for n in lengths]).to(dev)[None]
-    mask, kwargs = self._packed_inputs(lengths)
-    with isolated_linear_attention(self.model):
+    mask, kwargs, swap = self._packed_inputs(lengths)
+    with isolated_linear_attention(self.model), (attention_implementation(self.model, swap) if swap else
+                                                 contextlib.nullcontext()):
         self._write(out, rows, self._run(input_ids[rows][None], mask, pos, **kwargs), None)
 
 # %% ../nbs/07a_target.ipynb #6797ca25

@@ -264,9 +264,9 @@ def test_packed_equals_per_document_dense(arch, attn, final_hidden):
     assert torch.equal(f[doc_ids < 0], torch.zeros(9, tf.output_size))
 
 
-def test_packed_isolation_can_fail(models, monkeypatch):
+def test_packed_isolation_can_fail(monkeypatch):
     "Fault injection: a causal mask over the whole row (positions still restarting): document 2 sees document 1."
-    m = models["qwen3"]
+    m = tiny_target("qwen3", attn_implementation="eager")
     _, ids, doc_ids = packed_row([9, 12], seed=12)
     good = TargetFeatures(m, [1, 2])(ids, doc_ids)
     real = target_mod.block_causal_mask
@@ -275,6 +275,26 @@ def test_packed_isolation_can_fail(models, monkeypatch):
     leaky = TargetFeatures(m, [1, 2])(ids, doc_ids)
     torch.testing.assert_close(leaky[:9], good[:9], rtol=1e-5, atol=1e-5)
     assert (leaky[9:] - good[9:]).abs().max() > 1e-2
+
+
+def test_per_document_sdpa_isolation_can_fail(models, monkeypatch):
+    "Fault injection: the sdpa path's attention ignores the document bounds (one causal sequence): document 2 leaks."
+    from transformers import AttentionInterface
+    m = models["qwen3"]
+    _, ids, doc_ids = packed_row([9, 12], seed=12)
+    good = TargetFeatures(m, [1, 2])(ids, doc_ids)
+    calls = []
+    def leaky(*args, document_bounds=None, **kwargs):
+        calls.append(document_bounds)
+        return target_mod.per_document_sdpa(*args, document_bounds=None, **kwargs)
+    real_register = AttentionInterface.register
+    monkeypatch.setattr(AttentionInterface, "register", classmethod(lambda cls, name, fn: real_register(name, leaky)))
+    bad = TargetFeatures(m, [1, 2])(ids, doc_ids)
+    monkeypatch.undo()
+    assert calls and calls[0] == [(0, 9), (9, 21)]
+    torch.testing.assert_close(bad[:9], good[:9], rtol=1e-5, atol=1e-5)
+    assert (bad[9:] - good[9:]).abs().max() > 1e-2
+    torch.testing.assert_close(TargetFeatures(m, [1, 2])(ids, doc_ids), good)   # the real one registered again
 
 
 def test_hybrid_on_cpu_packs_with_the_torch_path_and_says_so(models, monkeypatch):
