@@ -608,11 +608,14 @@ def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
     return totals(man)
 
 # %% ../nbs/01h_regen.ipynb #c50a2ba7
-def auto_dtype(dtype: str, device=None) -> str:
-    "`dtype`, or for 'auto' float32 on a CPU and bfloat16 on a GPU (the device given, else cuda when there is one)."
+def auto_dtype(dtype: str, device=None, engine: str = "hf") -> str:
+    "`dtype`, or for 'auto': bfloat16 on a GPU, and on a CPU for vLLM where bf16 matmuls are fast; else float32."
     if dtype != "auto": return dtype
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return "float32" if dev.type == "cpu" else "bfloat16"
+    if dev.type != "cpu": return "bfloat16"
+    if engine == "hf": return "float32"   # the HF engine generates in float32 on a CPU anyway (float32_on_cpu)
+    from dflash_nb.build import cpu_bf16   # later chapter (08d): the probe the trainer's `auto` reads too
+    return "bfloat16" if cpu_bf16()["native"] else "float32"
 
 # %% ../nbs/01h_regen.ipynb #5d1fd260
 @contextlib.contextmanager
@@ -621,7 +624,7 @@ def open_engine(kind: str, target_dir, pad_token_id: int, dtype: str = "auto", d
     "(engine, verifying target or None) of `kind` 'hf' or 'vllm' on the target checkpoint in `target_dir`."
     if kind == "vllm":
         with stage(f"starting vLLM on {target_dir}"):   # vllm_kwargs may hold timeout=, load_timeout= (seconds)
-            eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype), seed=seed, **vllm_kwargs)
+            eng = VLLMEngine(str(target_dir), dtype=auto_dtype(dtype, engine="vllm"), seed=seed, **vllm_kwargs)
         with eng: yield eng, None
         return
     from dflash_nb.target import load_target   # later chapter (07a): kept lazy by chapter order
@@ -689,8 +692,9 @@ class RegenCommand(GenerateConfig, DataConfig):
     sampling: Literal["greedy", "recommended"] = opt("greedy", "greedy, or the sampling the target's "
                                                                "generation_config.json recommends")
     seed: int = opt(0, "sampling seed (the HF engine seeds shard i with seed + i)", min=0, max=SEED_MAX)
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "the target's dtype (auto: float32 on a "
-                                                                           "CPU, bfloat16 on a GPU)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = opt("auto", "the target's dtype (auto: bfloat16 on a "
+                                                                           "GPU, and for vllm on a CPU with fast bf16 "
+                                                                           "matmuls; float32 elsewhere)")
     device: Optional[str] = opt(None, "hf: the target's device (None: cuda when there is one, else cpu)")
     max_record_bytes: Optional[int] = opt(None, "a longer prompt record is refused (None: 1 MiB)", min=1)
     max_shards: Optional[int] = opt(None, "stop after K new shards (a rerun continues)", min=1)
@@ -742,7 +746,7 @@ def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sam
     vocab = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()[:16]   # vocab, merges, specials
     return dict(target_config=config, target_weights=files, tokenizer=vocab,
                 template=template_fingerprint(tokenizer, data_cfg.template_kwargs()), end_of_turn=data_cfg.end_of_turn,
-                engine=a.engine, dtype=auto_dtype(a.dtype, a.device), sampling=asdict(sampling), seed=a.seed,
+                engine=a.engine, dtype=auto_dtype(a.dtype, a.device, a.engine), sampling=asdict(sampling), seed=a.seed,
                 max_new_tokens=a.max_new_tokens, **_batch_identity(a, sampling))
 
 # %% ../nbs/01h_regen.ipynb #a8a14629

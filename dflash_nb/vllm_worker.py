@@ -8,10 +8,10 @@ import contextlib, json, os, shutil, signal, sys, threading, time, traceback
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CPU_KV_CACHE_BYTES', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line', 'drafted_tokens',
-           'llm_kwargs', 'with_cpu_defaults', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members',
-           'shm_files', 'end_group', 'watch_parent', 'resource_tracker', 'let_tracker_clean', 'is_tracker',
-           'kill_group', 'main']
+__all__ = ['CPU_KV_CACHE_BYTES', 'CPU_KV_CACHE_MAX', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line',
+           'drafted_tokens', 'llm_kwargs', 'available_memory', 'cpu_kv_cache_bytes', 'with_cpu_defaults',
+           'available_cpus', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members', 'shm_files',
+           'end_group', 'watch_parent', 'resource_tracker', 'let_tracker_clean', 'is_tracker', 'kill_group', 'main']
 
 # %% ../nbs/01f_vllm_worker.ipynb #5cd24dd6
 def one_line(e: BaseException) -> str:
@@ -51,13 +51,30 @@ def llm_kwargs(req: dict) -> dict:
     return {**kw, **(req.get("engine_kwargs") or {})}
 
 # %% ../nbs/01f_vllm_worker.ipynb #67a16569
-CPU_KV_CACHE_BYTES = 512 << 20  # the CPU backend's KV cache unless the request sets one
+CPU_KV_CACHE_BYTES = 512 << 20  # the CPU backend's KV cache at least (and what it was before it followed memory)
+CPU_KV_CACHE_MAX = 2 << 30      # ... and at most: 128 answers of 400 tokens of SmolLM2-135M in bf16 take 1.2 GiB
+
+def available_memory() -> int:
+    "Bytes of memory available to a new process now (`MemAvailable` of /proc/meminfo; all physical pages elsewhere)."
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        line = next(ln for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+def cpu_kv_cache_bytes(available: int | None = None) -> int:
+    "The CPU backend's KV cache: a quarter of the memory available, within [CPU_KV_CACHE_BYTES, CPU_KV_CACHE_MAX]."
+    quarter = (available_memory() if available is None else available) // 4
+    return max(CPU_KV_CACHE_BYTES, min(CPU_KV_CACHE_MAX, quarter))
 
 def with_cpu_defaults(kw: dict, on_cpu: bool) -> dict:
-    "`kw` with a fixed KV cache on the CPU backend unless the caller chose how much memory to use."
+    "`kw` with a KV cache sized from memory on the CPU backend, unless the caller chose how much memory to use."
     if on_cpu and "kv_cache_memory_bytes" not in kw and "gpu_memory_utilization" not in kw:
-        return {**kw, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
+        return {**kw, "kv_cache_memory_bytes": cpu_kv_cache_bytes()}
     return kw
+
+def available_cpus() -> int:
+    "The CPUs this process may run on: the torch threads the CPU engine gets unless OMP_NUM_THREADS is set."
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 # %% ../nbs/01f_vllm_worker.ipynb #11a1311a
 def sampling_kwargs(req: dict) -> dict:
@@ -94,6 +111,8 @@ class Worker:
         except ImportError as e:   # a half-built or broken serving environment
             raise ImportError(f"{sys.executable} cannot import vLLM ({e}): run `make serving`") from None
         t0 = time.perf_counter()
+        if current_platform.is_cpu():   # vLLM would run its CPU engine on one torch thread: give it every CPU
+            os.environ.setdefault("OMP_NUM_THREADS", str(available_cpus()))
         self.llm = LLM(**with_cpu_defaults(llm_kwargs(req), current_platform.is_cpu()))
         self.load_seconds = time.perf_counter() - t0
 

@@ -50,7 +50,7 @@ def vllm_runs(served, tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DFLASH_PROGRESS": "lines"}
     procs = {}
     for name, argv in {
-        "regen": [BIN / "dflash-regen", *regen_args(served, d / "regen", "--engine", "vllm")],
+        "regen": [BIN / "dflash-regen", *regen_args(served, d / "regen", "--engine", "vllm", "--dtype", "float32")],
         "train": [BIN / "dflash-train", f"train.run_dir={d / 'run'}", "regenerate.engine=vllm", *TRAIN],
     }.items():
         log = open(d / f"{name}.log", "w")
