@@ -28,13 +28,14 @@ from .trainer import distill_features, load_samples
 from .vllm_worker import CPU_KV_CACHE_BYTES, available_cpus, cpu_kv_cache_bytes
 
 # %% auto #0
-__all__ = ['STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'STAGE_FUNCTIONS', 'BUSY_LOAD', 'CpuCheckConfig', 'parse_args',
-           'train_config', 'Check', 'machine', 'settings', 'new_check', 'hf_config', 'meta_target', 'target_dtype',
-           'target_model', 'drafter_cfg', 'features', 'synthetic_samples', 'samples', 'matmul_shapes', 'matmul_gflops',
-           'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row', 'target_forward', 'trainer_parts',
-           'drafter_step_flops', 'step_costs', 'drafter_step', 'pipelined_seconds', 'trainer_step', 'regen_prompts',
-           'generated', 'generation_flops', 'stop_and_pad', 'regen_hf', 'worker_threads', 'vllm_variant', 'regen_vllm',
-           'claim_out', 'prepare', 'run_stage', 'table', 'run_check', 'main', 'cli']
+__all__ = ['STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'STAGE_FUNCTIONS', 'BUSY_LOAD', 'ANSWER_TOKENS', 'CpuCheckConfig',
+           'parse_args', 'train_config', 'Check', 'machine', 'settings', 'new_check', 'hf_config', 'meta_target',
+           'target_dtype', 'target_model', 'drafter_cfg', 'features', 'synthetic_samples', 'samples', 'matmul_shapes',
+           'matmul_gflops', 'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row', 'target_forward',
+           'trainer_parts', 'drafter_step_flops', 'step_costs', 'drafter_step', 'pipelined_seconds', 'trainer_step',
+           'regen_prompts', 'generated', 'generation_flops', 'stop_and_pad', 'regen_hf', 'worker_threads',
+           'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table', 'run_check', 'main', 'cli',
+           'proof_budget']
 
 # %% ../nbs/14_cpu_check.ipynb #12a3d45d
 STAGES = ("matmul_rates", "target_forward", "drafter_step", "trainer_step", "regen_hf", "regen_vllm")
@@ -548,3 +549,23 @@ def cli():
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
     cli()
+
+# %% ../nbs/14_cpu_check.ipynb #ea8976c9
+ANSWER_TOKENS = 203   # generated tokens per answer of SmolLM2-135M at 256 new tokens (1,743,581 for 8,582 prompts)
+
+def proof_budget(
+    result: dict,                 # a check's JSON (cpu_check.json) with its trainer_step and regen_vllm stages
+    prompts: int = 5000,          # answers to regenerate
+    answer_tokens: float = ANSWER_TOKENS,
+    steps: int = 1000, rows_per_step: int = 4,   # training: optimizer steps of this many rows (of the check's length)
+    sweep_minutes: float = 0.0,   # the vLLM sweep, measured apart (it depends on the drafter's τ)
+) -> dict:
+    "Minutes of each stage of the proof at the check's measured rates, and at the reference matmul rate (the floor)."
+    st, ref = result["stages"], result["reference"]["gflops"]
+    regen, trainer = st["regen_vllm"], st["trainer_step"]
+    gen_s = prompts * answer_tokens / regen["tokens_per_s"]
+    train_s = steps * rows_per_step * trainer["s_per_step"]   # the check times one row a step
+    out = dict(regenerate=gen_s / 60, train=train_s / 60, sweep=sweep_minutes,
+               regenerate_floor=gen_s * regen["gflops"] / ref / 60, train_floor=train_s * trainer["gflops"] / ref / 60)
+    out["total"] = out["regenerate"] + out["train"] + sweep_minutes
+    return {k: round(v, 1) for k, v in out.items()}

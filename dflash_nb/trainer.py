@@ -65,9 +65,11 @@ def step_loss(hidden, lm_head_w, b: Batch, cfg: TrainConfig):
         rows = b.anchors[:, None] + torch.arange(B, device=b.anchors.device) - 1
         rows = rows.clamp(0, b.target_final.shape[0] - 1)   # slot 0 and slots past the row's end are never scored
         target_hidden = b.target_final[rows.reshape(-1)]
+    # recompute=False: the frozen lm_head's hidden gradient is taken while forward holds each chunk's softmax, one
+    # logits-sized GEMM fewer per step (13% of a CPU drafter step, chapter 14_cpu_check); distillation recomputes
     return block_loss(hidden, lm_head_w, b.labels, b.valid, gamma=cfg.gamma, chunk_blocks=cfg.loss_chunk_blocks,
                       weighting=lc.weighting, dpace_alpha=lc.dpace_alpha,
-                      target_hidden=target_hidden, distill_weight=lc.distill_weight)
+                      target_hidden=target_hidden, distill_weight=lc.distill_weight, recompute=False)
 
 # %% ../nbs/08h_trainer.ipynb #c205f64a
 def load_samples(data_dir):
