@@ -113,6 +113,7 @@ class Worker:
         t0 = time.perf_counter()
         if current_platform.is_cpu():   # vLLM would run its CPU engine on one torch thread: give it every CPU
             os.environ.setdefault("OMP_NUM_THREADS", str(available_cpus()))
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle threads sleep: no spinning against a neighbour
         self.llm = LLM(**with_cpu_defaults(llm_kwargs(req), current_platform.is_cpu()))
         self.load_seconds = time.perf_counter() - t0
 
