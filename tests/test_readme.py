@@ -79,6 +79,13 @@ CHECKS = {
                                                 f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
                                                 f"{d['best']['speedup']:.2f}×",
                                                 f"{d['best']['identical']} of {d['best']['prompts']}"],
+    ("cpu_check.json", "share of the bf16"): lambda d: [
+        f"{d['stages']['target_forward']['fraction']:.2f} / {d['stages']['drafter_step']['fraction']:.2f}",
+        f"{d['stages']['trainer_step']['ratio_to_slower_stage']:.2f}"],
+    ("cpu_check.json", "regenerating"): lambda d: [
+        f"{(v := d['stages']['regen_vllm']['variants'])['old_defaults']['batches']['256']['tokens_per_s']:.1f} → "
+        f"{v['defaults']['batches']['256']['tokens_per_s']:.1f} "
+        f"({v['defaults']['batches']['256']['tokens_per_s'] / v['old_defaults']['batches']['256']['tokens_per_s']:.1f}×)"],
     ("eval_cache.json", "4K"): lambda d: [f"{c['proposers']['prefix']['snapshot']['target_tokens_per_committed']:.2f}"
                                           for c in d["contexts"] if c["context"] == 4096],
 }
