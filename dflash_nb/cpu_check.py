@@ -78,7 +78,8 @@ class CpuCheckConfig:
     regen_prompts: int = opt(16, "prompts regen_hf generates for", min=1)
     max_new_tokens: int = opt(64, "tokens generated per prompt at most", min=1)
     vllm_batch: list[int] = opt([64], "regen_vllm: prompts given to vLLM at once, one measurement per size", min=1)
-    vllm_variants: list[str] = opt(["old_defaults", "defaults"], f"regen_vllm: engine settings, of {', '.join(VLLM_VARIANTS)}",
+    vllm_variants: list[str] = opt(["old_defaults", "defaults"],
+                                   f"regen_vllm: engine settings, of {', '.join(VLLM_VARIANTS)}",
                                    check=_one_of(tuple(VLLM_VARIANTS)))
     load_timeout: float = opt(900.0, "regen_vllm: seconds an engine may take to load", gt=0)
     threads: Optional[int] = opt(None, "torch intra-op threads (default: torch's, one per core)", min=1, max=4096)
@@ -298,7 +299,8 @@ def drafter_step_flops(drafter, b) -> dict:
     pairs = [visible_pairs(layout, l.self_attn.window, l.self_attn.causal_in_block) for l in drafter.layers]
     parts = dict(fc=2 * 2 * S * c.feature_size * H,
                  layers=3 * 2 * len(drafter.layers) * (M * (2 * H * q + 2 * H * kv + 3 * H * Im) + S * 2 * H * kv),
-                 attention=sum(sum(useful_flops(p, nh, D)) for p in pairs), lm_head=2 * 2 * M * H * V)   # frozen head: forward and the hidden's gradient
+                 attention=sum(sum(useful_flops(p, nh, D)) for p in pairs),
+                 lm_head=2 * 2 * M * H * V)   # the frozen head: forward and the hidden's gradient, no weight gradient
     return dict(parts, total=sum(parts.values()), context_tokens=S, block_tokens=M)
 
 # %% ../nbs/14_cpu_check.ipynb #70aa696c

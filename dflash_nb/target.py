@@ -528,7 +528,7 @@ def _run(self: TargetFeatures, ids: torch.Tensor, mask, pos: torch.Tensor, **kwa
 # %% ../nbs/07a_target.ipynb #baf969da
 @patch
 def _packed_inputs(self: TargetFeatures, lengths: list[int]) -> tuple[object, dict, str | None]:
-    "Attention mask, extra forward kwargs and the attention implementation that keep one unpadded row's documents apart."
+    "Attention mask, forward kwargs and attention implementation that keep one unpadded row's documents apart."
     dev, cfg = self.device, _text_config(self.model)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=dev)
     impl, kwargs, mask, swap = str(getattr(cfg, "_attn_implementation", "")), {}, None, None
