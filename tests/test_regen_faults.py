@@ -233,8 +233,9 @@ def test_parent_killed_then_worker_hung_mid_generation(small, tmp_path):
 
     def start_and_wait(more_than: int):
         "The run, once it has written more than `more_than` shards: (it, its worker, group, shm files, TMPDIR)."
-        p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm", "--worker-timeout",
-                                                                         "30", prompts=prompts))], env=env,
+        p = subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out, "--engine", "vllm", "--dtype", "float32",
+                                                                         "--worker-timeout", "30", prompts=prompts))],
+                             env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         started.append((p, None))
         assert wait_for(lambda: len(listed(out)) > more_than, p, timeout=600, poll=0.002), p.communicate()[1][-3000:]
