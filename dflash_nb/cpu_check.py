@@ -34,8 +34,8 @@ __all__ = ['STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'STAGE_FUNCTIONS',
            'matmul_gflops', 'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row', 'target_forward',
            'trainer_parts', 'drafter_step_flops', 'step_costs', 'drafter_step', 'pipelined_seconds', 'trainer_step',
            'regen_prompts', 'generated', 'generation_flops', 'stop_and_pad', 'regen_hf', 'worker_threads',
-           'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table', 'run_check', 'main', 'cli',
-           'proof_budget']
+           'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table', 'run_check', 'proof_budget',
+           'main', 'cli']
 
 # %% ../nbs/14_cpu_check.ipynb #12a3d45d
 STAGES = ("matmul_rates", "target_forward", "drafter_step", "trainer_step", "regen_hf", "regen_vllm")
@@ -539,19 +539,6 @@ def run_check(cfg: CpuCheckConfig) -> int:
     print(f"\n{table(ck.result)}\nresults: {ck.path}", flush=True)
     return int(any(r["status"] == "failed" for r in ck.result["stages"].values()))
 
-# %% ../nbs/14_cpu_check.ipynb #531f3eaf
-def main(argv=None) -> int:
-    "`dflash-cpu-check`: the whole check (usage errors and refused inputs raise `ExpectedError`)."
-    return run_check(parse_args(argv))
-
-def cli():
-    "Console script `dflash-cpu-check` (same as `python -m dflash_nb.cpu_check`): usage errors are one line, exit 2."
-    sys.exit(run_cli(main, prog="dflash_nb.cpu_check"))
-
-
-if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
-    cli()
-
 # %% ../nbs/14_cpu_check.ipynb #ea8976c9
 ANSWER_TOKENS = 203   # generated tokens per answer of SmolLM2-135M at 256 new tokens (1,743,581 for 8,582 prompts)
 
@@ -571,3 +558,16 @@ def proof_budget(
                regenerate_floor=gen_s * regen["gflops"] / ref / 60, train_floor=train_s * trainer["gflops"] / ref / 60)
     out["total"] = out["regenerate"] + out["train"] + sweep_minutes
     return {k: round(v, 1) for k, v in out.items()}
+
+# %% ../nbs/14_cpu_check.ipynb #531f3eaf
+def main(argv=None) -> int:
+    "`dflash-cpu-check`: the whole check (usage errors and refused inputs raise `ExpectedError`)."
+    return run_check(parse_args(argv))
+
+def cli():
+    "Console script `dflash-cpu-check` (same as `python -m dflash_nb.cpu_check`): usage errors are one line, exit 2."
+    sys.exit(run_cli(main, prog="dflash_nb.cpu_check"))
+
+
+if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
+    cli()
