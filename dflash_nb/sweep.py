@@ -46,6 +46,11 @@ def check_vllm_args(args):
 
 
 # %% ../nbs/09d_sweep.ipynb #87e4fa80
+def _first_differences(plain: list, spec: list) -> list[int]:
+    "Where each differing pair of outputs parts: the first unequal index (the shorter one's length for a prefix)."
+    at = [next((i for i, (a, b) in enumerate(zip(p, s)) if a != b), min(len(p), len(s))) for p, s in zip(plain, spec)]
+    return sorted(i for i, p, s in zip(at, plain, spec) if p != s)
+
 def _served_cell(g: dict, s: dict, spec: dict, T: float) -> dict:
     "One table cell from vLLM: `g` plain and `s` speculative generate results, `spec` the counters of `s`."
     n_g, n_s = sum(map(len, g["outputs"])), sum(map(len, s["outputs"]))
@@ -54,6 +59,7 @@ def _served_cell(g: dict, s: dict, spec: dict, T: float) -> dict:
                 accepted_per_pos=spec["accepted_per_pos"],
                 per_position=[c / spec["drafts"] if spec["drafts"] else float("nan") for c in spec["accepted_per_pos"]],
                 identical=sum(a == b for a, b in zip(g["outputs"], s["outputs"])) if T == 0 else None,
+                first_differences=_first_differences(g["outputs"], s["outputs"]) if T == 0 else None,
                 prompts=len(s["outputs"]), tokens=n_s, tokens_per_s=rate_s, plain_tokens_per_s=rate_g,
                 speedup=rate_s / rate_g if rate_g else float("nan"))
 
