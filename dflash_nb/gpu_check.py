@@ -4,32 +4,36 @@
 
 # %% ../nbs/13d_gpu_check.ipynb #b7d6c10e
 from __future__ import annotations
-import contextlib, importlib.util, json, os, shutil, signal, subprocess, sys, tempfile, threading, time
+import contextlib, importlib.util, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from .commands import run_cli
+from .commands import Terminated, run_cli
 from .config import ExpectedError, opt, parse_cli
 from .gpu_plan import BUDGET_S, PLAN, RESERVE_S, ROOT, Record, now_iso, short_error, step_limits, write_json
+from .storage import OutDirError, atomic_write_bytes
 
 # %% auto #0
 __all__ = ['STEPS', 'RESULT_FILES', 'GpuCheckError', 'GpuCheckConfig', 'parse_args', 'env_versions', 'env_package', 'step_env',
-           'step_junit', 'step_functions', 'run_one_step', 'run_logged', 'Check', 'run_step', 'py_step', 'tp_step',
-           'tests_step', 'summarize', 'install_wheels', 'step_env_vars', 'out_dir', 'cuda_devices', 'run_check', 'main',
-           'cli']
+           'step_junit', 'step_functions', 'run_one_step', 'end_group', 'run_logged', 'Check', 'promote', 'run_step',
+           'py_step', 'tp_step', 'tests_step', 'summarize', 'install_wheels', 'step_env_vars', 'ours', 'claim_out',
+           'cuda_devices', 'run_steps', 'run_check', 'main', 'cli']
 
 # %% ../nbs/13d_gpu_check.ipynb #f639bbed
 STEPS = ("env", "parity", "speed", "sweep", "pipeline", "target", "tp")   # the steps a process runs with --step
+RESULT_FILES = ("gpu_env.json", "gpu_parity.json", "gpu_speed.json", "gpu_pipeline.json", "gpu_target.json",
+                "gpu_tp.json", "gpu_sweep.json", "gpu_tests.json", "gpu_check.json")   # what the check writes
 
 class GpuCheckError(ExpectedError):
-    "The check cannot start: a bad --wheels directory, or no place for its results."
+    "The check cannot start: no CUDA device without --dry-run, a bad --wheels directory, no place for its results."
 
 @dataclass(kw_only=True)
 class GpuCheckConfig:
     "What `dflash-gpu-check` takes."
     budget: int | None = opt(None, "wall-clock seconds for everything (default 400, plus step tp's plan where "
                                    "there are >= 2 CUDA devices)", min=1)
-    out: str | None = opt(None, "where the JSON files go (default bench/results/ of the checkout; with --dry-run a new "
-                                "temporary directory); with --step, the step's JSON file")
+    out: str | None = opt(None, "where the JSON files go: a directory holding only this check's files (default "
+                                "bench/results/ of the checkout; with --dry-run a new temporary directory); with "
+                                "--step, the step's JSON file")
     dry_run: bool = opt(False, "the same steps on CPU with tiny shapes (Triton in its interpreter): tests the check, "
                                "not the numbers")
     sweep: bool = opt(False, "also time the Triton kernel's candidate tile configs")
@@ -38,7 +42,7 @@ class GpuCheckConfig:
     peak_tflops: float | None = opt(None, "the GPU's dense bf16 peak for step target (default: a table by name)", gt=0)
     backend: str = opt("auto", "step pipeline: the drafter's attention backend (auto: the trainer's probe)")
     step: str | None = opt(None, "run one step in this process into --out FILE", check=lambda v, cfg: None
-                           if v is None or v in STEPS else f"one of {', '.join(STEPS)}, got {v!r}")
+                           if v is None or v in STEPS else f"one of {', '.join(STEPS)}")   # parse_cli adds the value
     deadline_s: float = opt(600.0, "with --step: the seconds the step may use", gt=0)
 
 _ABOUT = ("Check a GPU box before a long run: attention parity and speed, pipeline step costs, the target forward's "
@@ -143,12 +147,25 @@ def run_one_step(cfg: GpuCheckConfig) -> int:
     except ExpectedError as e:
         rec.error(cfg.step, e)
         return 2
+    except (Terminated, KeyboardInterrupt) as e:   # stopped: recorded, and the exit status says stopped (143, 130)
+        rec.error(cfg.step, e)
+        raise
     except BaseException as e:
         rec.error(cfg.step, e)
         return 1
     return 0 if not rec["errors"] else 1
 
 # %% ../nbs/13d_gpu_check.ipynb #f41e1b95
+def end_group(p: subprocess.Popen, grace: float = 5):
+    "End `p` and its process group: SIGTERM, then SIGKILL after `grace` s (or at once if interrupted); reaped."
+    try:
+        with contextlib.suppress(ProcessLookupError): os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired: pass
+    finally:   # whatever of the group ignored SIGTERM or outlived the step's own process
+        with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
 def run_logged(cmd: list, limit: float, log: Path, env=None, cwd=None) -> int:
     "Run `cmd`, its output shown and kept in `log`; killed with its process group after `limit` s (then 124)."
     with open(log, "w") as f:
@@ -162,13 +179,12 @@ def run_logged(cmd: list, limit: float, log: Path, env=None, cwd=None) -> int:
         t.start()
         try: rc = p.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGTERM)
-            try: p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            end_group(p)
             rc = 124
-        t.join(timeout=5)
+        except BaseException:   # SIGTERM (Terminated) or Ctrl-C to the check: its step ends before the check does
+            end_group(p)
+            raise
+        finally: t.join(timeout=5)   # the step's last lines, before the log is closed
     return rc
 
 # %% ../nbs/13d_gpu_check.ipynb #3c1b66f0
@@ -178,11 +194,12 @@ class Check:
     cfg: GpuCheckConfig
     budget: int
     out: Path
-    work: Path
+    work: Path    # the steps write here; a step's file replaces the one in `out` once the step has ended
     env: dict
     gpus: int = 0
     start: float = field(default_factory=time.monotonic)
     steps: list = field(default_factory=list)
+    written: list = field(default_factory=list)   # the files of `out` this run replaced
     status: int = 0
 
     def elapsed(self) -> int: return int(time.monotonic() - self.start)
@@ -194,6 +211,13 @@ class Check:
         return self.steps[-1]
 
 # %% ../nbs/13d_gpu_check.ipynb #80c56baa
+def promote(ck: Check, file: str):
+    "Put the step's `file` from the work directory in place of the one in `ck.out` (atomically), if it wrote one."
+    new = ck.work / file
+    if not new.is_file(): return
+    atomic_write_bytes(ck.out / file, new.read_bytes())
+    if file not in ck.written: ck.written.append(file)
+
 def run_step(ck: Check, name: str, file: str, limits: tuple, make_cmd) -> dict:
     "Run `make_cmd(deadline_s)` as step `name` under the plan's `limits` (planned, least to start, cap); its record."
     expected, minimum, cap = limits
@@ -203,14 +227,18 @@ def run_step(ck: Check, name: str, file: str, limits: tuple, make_cmd) -> dict:
         return ck.skip(name, file, expected, f"skipped: needs {minimum} s, {left} s of the {ck.budget} s budget left")
     limit = min(left, cap)
     grace = min(max(limit // 10, 2), 15)
-    t0 = time.monotonic()
-    rc = run_logged(make_cmd(limit - grace), limit, ck.work / f"{name}.log", ck.env, ck.work)
+    t0, rec = time.monotonic(), dict(name=name, file=file, expected_s=expected, limit_s=limit)
+    try: rc = run_logged(make_cmd(limit - grace), limit, ck.work / f"{name}.log", ck.env, ck.work)
+    except (Terminated, KeyboardInterrupt) as e:   # the step was ended with the check; its file in `out` is left alone
+        why = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        ck.steps.append(dict(rec, status="stopped", wall_s=round(time.monotonic() - t0),
+                             reason=f"the check was stopped ({why}) while this step ran"))
+        raise
     st, reason = (("timeout", f"killed by its {limit} s time limit") if rc in (124, 137) else
                   ("failed", f"exit status {rc}") if rc else ("ok", ""))
-    for t in ck.out.glob(f".{file}.tmp-*"): t.unlink()   # what a killed step's half-written JSON left
+    if file: promote(ck, file)
     tail = (ck.work / f"{name}.log").read_text(errors="replace")[-1500:]
-    ck.steps.append(dict(name=name, file=file, status=st, rc=rc, expected_s=expected, limit_s=limit,
-                         wall_s=round(time.monotonic() - t0), reason=reason, log_tail=tail))
+    ck.steps.append(dict(rec, status=st, rc=rc, wall_s=round(time.monotonic() - t0), reason=reason, log_tail=tail))
     if st != "ok":
         ck.status = 1
         print(f"{name}: {st} ({reason})", flush=True)
@@ -222,7 +250,7 @@ def py_step(ck: Check, name: str, *extra: str) -> dict:
     file = f"gpu_{name}.json"
     dry = ["--dry-run"] if ck.cfg.dry_run else []
     return run_step(ck, name, file, step_limits(name, ck.cfg.dry_run), lambda d: [
-        sys.executable, "-m", "dflash_nb.gpu_check", "--step", name, "--out", str(ck.out / file),
+        sys.executable, "-m", "dflash_nb.gpu_check", "--step", name, "--out", str(ck.work / file),
         "--deadline-s", str(d), *dry, *extra])
 
 def tp_step(ck: Check) -> dict:
@@ -249,15 +277,16 @@ def tests_step(ck: Check) -> dict:
         "--junitxml", str(xml), *files])
     if r["status"] != "skipped":
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-            step_junit(xml, Record("tests", ck.out / "gpu_tests.json", 60, ck.cfg.dry_run))
+            step_junit(xml, Record("tests", ck.work / "gpu_tests.json", 60, ck.cfg.dry_run))
+        promote(ck, "gpu_tests.json")
     return r
 
 # %% ../nbs/13d_gpu_check.ipynb #8a27fde7
 def summarize(ck: Check, started: str) -> dict:
-    "Write gpu_check.json (the run's facts and every step's record with its headline) and print the table."
+    "Write gpu_check.json (the run's facts, every step's record with its headline, the files kept) and print the table."
     for s in ck.steps:
-        f = ck.out / s["file"] if s.get("file") else None
-        if f is not None and f.exists():
+        f = ck.out / s["file"] if s.get("file") in ck.written else None   # an earlier run's file says nothing here
+        if f is not None:
             try:
                 d = json.loads(f.read_text())
                 s.update(headline=d.get("headline", ""), complete=d.get("complete"), errors=len(d.get("errors", [])),
@@ -267,8 +296,10 @@ def summarize(ck: Check, started: str) -> dict:
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     summary = dict(budget_s=ck.budget, elapsed_s=ck.elapsed(), dry_run=ck.cfg.dry_run, cuda_devices=ck.gpus,
                    python=sys.executable, out=str(ck.out), commit=commit.stdout.strip() or "unknown", started=started,
-                   finished=now_iso(), steps=ck.steps, files=sorted(p.name for p in ck.out.glob("gpu_*.json")))
-    summary["status"] = "ok" if all(s["status"] in ("ok", "skipped") for s in ck.steps) else "failed"
+                   finished=now_iso(), steps=ck.steps, files=sorted(ck.written),
+                   earlier_files=[f for f in RESULT_FILES[:-1] if f not in ck.written and (ck.out / f).exists()])
+    st = {s["status"] for s in ck.steps}
+    summary["status"] = "stopped" if "stopped" in st else "ok" if st <= {"ok", "skipped"} else "failed"
     write_json(ck.out / "gpu_check.json", summary)
     w = max([len(s["name"]) for s in ck.steps] + [4])
     print(f"\n{'step':<{w}}  {'status':<8} {'wall':>6} {'plan':>6}  result")
@@ -276,6 +307,7 @@ def summarize(ck: Check, started: str) -> dict:
         res = s.get("headline") or s.get("reason") or ""
         print(f"{s['name']:<{w}}  {s['status']:<8} {s.get('wall_s', 0):>5.0f}s {s['expected_s']:>5}s  {res[:160]}")
     print(f"total {summary['elapsed_s']} s of a {ck.budget} s budget; results in {ck.out}")
+    if kept := summary["earlier_files"]: print(f"kept from an earlier run (not replaced): {', '.join(kept)}")
     return summary
 
 # %% ../nbs/13d_gpu_check.ipynb #3bf6f400
@@ -296,20 +328,36 @@ def step_env_vars(dry_run: bool, site) -> dict:
     return env
 
 # %% ../nbs/13d_gpu_check.ipynb #780dcd2e
-RESULT_FILES = ("gpu_env.json", "gpu_parity.json", "gpu_speed.json", "gpu_pipeline.json", "gpu_target.json",
-                "gpu_tp.json", "gpu_sweep.json", "gpu_tests.json", "gpu_check.json")
+_TEMP = re.compile(r"\.(gpu_\w+\.json)\.tmp-\d+(\.[0-9a-f]+)?")   # what a killed atomic write of a result left
 
-def out_dir(cfg: GpuCheckConfig) -> Path:
-    "The output directory of the check, created, with no file of an earlier run in it."
+def ours(path: Path) -> bool:
+    "Whether `path` is a regular file with the JSON the check writes under its name: a step's record, or the summary."
+    try:
+        d = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError): return False
+    if not isinstance(d, dict): return False
+    if path.name == "gpu_check.json": return {"budget_s", "dry_run", "steps", "status"} <= set(d)
+    return d.get("step") == path.name[4:-5] and {"dry_run", "complete", "headline", "errors"} <= set(d)
+
+def claim_out(cfg: GpuCheckConfig) -> Path:
+    "The output directory, created; `OutDirError` (nothing touched) if it holds anything the check did not write."
     if cfg.out: out = Path(cfg.out)
-    elif cfg.dry_run: out = Path(tempfile.mkdtemp(prefix="gpu_check_dry."))
+    elif cfg.dry_run: return Path(tempfile.mkdtemp(prefix="gpu_check_dry.")).resolve()
     elif (ROOT / "bench" / "results").is_dir(): out = ROOT / "bench" / "results"
     else: raise GpuCheckError("--out: needed here (no bench/results/ of a checkout next to this dflash_nb)")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutDirError(f"--out {out} exists and is not a directory: pick another --out")
+    shared = out.resolve() == (ROOT / "bench" / "results").resolve()   # the checkout's: other commands' results too
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    temps = [p for p in entries if (m := _TEMP.fullmatch(p.name)) and m[1] in RESULT_FILES and not p.is_symlink()]
+    if foreign := [p.name for p in entries if p not in temps and
+                   (not ours(p) if p.name in RESULT_FILES else not shared)]:
+        raise OutDirError(f"{out} holds files dflash-gpu-check did not write ({', '.join(foreign[:5])}): move them "
+                          "away or pick another --out (nothing was written)")
     try: out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GpuCheckError(f"cannot create the output directory {out}: {short_error(e, 120)}") from None
-    for f in RESULT_FILES:
-        for p in [out / f, *out.glob(f".{f}.tmp-*")]: p.unlink(missing_ok=True)
+    for p in temps: p.unlink(missing_ok=True)
     return out.resolve()
 
 # %% ../nbs/13d_gpu_check.ipynb #d0a8589a
@@ -319,20 +367,31 @@ def cuda_devices(dry_run: bool) -> int:
     import torch
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
+def run_steps(ck: Check, started: str):
+    "The steps in order; stopped (SIGTERM, Ctrl-C), the summary of what ran is written and the stop goes on."
+    try:
+        for name in ("env", "parity", "speed", "pipeline"): py_step(ck, name)
+        py_step(ck, "target", *(["--peak-tflops", str(ck.cfg.peak_tflops)] if ck.cfg.peak_tflops else []))
+        tp_step(ck)
+        if ck.cfg.sweep: py_step(ck, "sweep")
+        tests_step(ck)
+    except (Terminated, KeyboardInterrupt):
+        with contextlib.suppress(Exception): summarize(ck, started)
+        raise
+
 def run_check(cfg: GpuCheckConfig) -> int:
     "The whole check under one budget; 0 when every step ran or was skipped for time, 1 when one failed or timed out."
     started = now_iso()
     gpus = cuda_devices(cfg.dry_run)
+    if not (gpus or cfg.dry_run):   # refused before anything is written: the results of a GPU stay
+        raise GpuCheckError("no CUDA device here: the check measures a GPU; --dry-run runs its steps on this CPU "
+                            "(tiny shapes) into a new temporary directory")
     budget = cfg.budget or BUDGET_S + (PLAN[False]["tp"]["step"] if gpus >= 2 else 0)
     work = Path(tempfile.mkdtemp(prefix="gpu_check."))
     try:
         if cfg.wheels: install_wheels(cfg.wheels, work / "site")
-        ck = Check(cfg, budget, out_dir(cfg), work, step_env_vars(cfg.dry_run, cfg.wheels and work / "site"), gpus)
-        for name in ("env", "parity", "speed", "pipeline"): py_step(ck, name)
-        py_step(ck, "target", *(["--peak-tflops", str(cfg.peak_tflops)] if cfg.peak_tflops else []))
-        tp_step(ck)
-        if cfg.sweep: py_step(ck, "sweep")
-        tests_step(ck)
+        ck = Check(cfg, budget, claim_out(cfg), work, step_env_vars(cfg.dry_run, cfg.wheels and work / "site"), gpus)
+        run_steps(ck, started)
         try: summarize(ck, started)
         except Exception as e:
             print(f"summary failed ({short_error(e)}); the step records:\n" + "\n".join(map(json.dumps, ck.steps)))

@@ -5,6 +5,8 @@ Triton kernel (interpreter) and the other backends agree with the float64 refere
 extrapolation arithmetic is what it prints, and that a budget too small for a step skips it and says why."""
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -147,7 +149,8 @@ def test_dry_run_pipeline_arithmetic(full):
 
 
 def test_tiny_budget_skips_what_does_not_fit(tmp_path):
-    (tmp_path / "gpu_parity.json").write_text('{"stale": true}')      # an earlier run's file must not survive
+    earlier = (REPO / "bench" / "results" / "gpu_parity.json").read_bytes()   # an earlier run's result
+    (tmp_path / "gpu_parity.json").write_bytes(earlier)
     # 10 s (5 kept for the summary): less than any step's plan (gpu_plan: env 8 s, the cheapest later one 6 s), so
     # every step is skipped and says why; env's status is checked for any outcome should its plan shrink
     p, wall = run("--dry-run", "--budget", "10", "--sweep", "--out", str(tmp_path))
@@ -160,7 +163,10 @@ def test_tiny_budget_skips_what_does_not_fit(tmp_path):
     for name in STEPS[1:]:
         why = NO_CUDA if name == "tp" else "of the 10 s budget left"      # no second GPU comes before the budget
         assert steps[name]["status"] == "skipped" and why in steps[name]["reason"], steps[name]
-        assert not (tmp_path / FILES[name]).exists()
+        assert "headline" not in steps[name]                              # not the earlier run's headline
+        assert (tmp_path / FILES[name]).exists() == (name == "parity")
+    # a step that did not run leaves the earlier file whole, and the summary says it is an earlier run's
+    assert (tmp_path / "gpu_parity.json").read_bytes() == earlier and s["earlier_files"] == ["gpu_parity.json"]
     assert p.returncode == (1 if env["status"] == "timeout" else 0)
     assert wall < 10 + 8
     assert "skipped" in p.stdout[p.stdout.rindex("step "):]
@@ -169,7 +175,8 @@ def test_tiny_budget_skips_what_does_not_fit(tmp_path):
 def test_bad_arguments_are_one_line_exit_2(tmp_path):
     for args, what in ((["--budget", "abc"], "got 'abc'"), (["--budget", "0"], "must be >= 1, got 0"),
                        (["--frobnicate"], "unknown flag --frobnicate"), (["--budget"], "--budget: needs a value"),
-                       (["--wheels", str(tmp_path)], "no .whl files in"), (["--wheels"], "--wheels: needs a value"),
+                       (["--dry-run", "--wheels", str(tmp_path)], "no .whl files in"),
+                       (["--wheels"], "--wheels: needs a value"),
                        (["--step", "frob", "--out", "x.json"], "--step: one of env, parity")):
         p, _ = run(*args, timeout=30)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and what in p.stderr, (args, p.stderr)
@@ -183,6 +190,113 @@ def test_bad_arguments_are_one_line_exit_2(tmp_path):
     p = subprocess.run(["bash", str(SCRIPT), "--budget", "0"], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHON": sys.executable})    # the wrapper hands its arguments on
     assert p.returncode == 2 and "--budget: must be >= 1, got 0" in p.stderr, p.stderr
+
+
+def test_step_value_is_said_once():
+    p, _ = run("--step", "bogus", timeout=30)
+    assert p.returncode == 2 and p.stderr.count("bogus") == 1, p.stderr
+    assert p.stderr.strip().endswith("--step: one of env, parity, speed, sweep, pipeline, target, tp, got 'bogus'")
+
+
+def snapshot(d):
+    "name -> bytes of every entry of directory `d` (links as their target text)."
+    return {f.name: os.readlink(f) if f.is_symlink() else f.read_bytes() for f in sorted(Path(d).iterdir())}
+
+
+def test_no_cuda_device_without_dry_run_refuses_and_writes_nothing(tmp_path):
+    """No CUDA device and no --dry-run: one line naming --dry-run, exit 2, every earlier result intact; in the default
+    bench/results/ of a checkout (a copy here, so the repository's own results are never at stake) and in an --out."""
+    co = tmp_path / "checkout"
+    shutil.copytree(REPO / "dflash_nb", co / "dflash_nb", ignore=shutil.ignore_patterns("__pycache__"))
+    results = co / "bench" / "results"
+    results.mkdir(parents=True)
+    for f in [REPO / "bench" / "results" / "README.md", *(REPO / "bench" / "results").glob("gpu_*.json")]:
+        shutil.copy(f, results)
+    mine = tmp_path / "mine"
+    shutil.copytree(results, mine, ignore=shutil.ignore_patterns("README.md"))
+    before = {d: snapshot(d) for d in (results, mine)}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(co)}    # the copy's dflash_nb; no GPU seen
+    for extra in ([], ["--out", str(mine)]):
+        p = subprocess.run([*CHECK, "--budget", "20", *extra], capture_output=True, text=True, timeout=60,
+                           cwd=tmp_path, env=env)
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "--dry-run" in p.stderr, p.stderr
+        assert "no CUDA device" in p.stderr and not p.stdout
+    assert {d: snapshot(d) for d in (results, mine)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkout", "mine"]
+
+
+def test_out_holding_files_the_check_did_not_write_is_refused(tmp_path):
+    "--out is claimed: a file the check did not write (a foreign gpu_check.json, any other file, a link) refuses it."
+    ours = (REPO / "bench" / "results" / "gpu_env.json").read_bytes()
+    cases = {"foreign_summary": {"gpu_check.json": b'{"mine": true}'},
+             "other_file": {"gpu_env.json": ours, "notes.txt": b"mine"},
+             "not_a_record": {"gpu_parity.json": ours}}                      # env's record under parity's name
+    for name, files in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        for f, data in files.items(): (d / f).write_bytes(data)
+        p, _ = run("--dry-run", "--budget", "10", "--out", str(d), timeout=60)
+        bad = next(f for f in files if f != "gpu_env.json")
+        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (name, p.stderr)
+        assert f"did not write ({bad})" in p.stderr and "pick another --out" in p.stderr, (name, p.stderr)
+        assert snapshot(d) == files, name
+    link = tmp_path / "link"
+    link.mkdir()
+    (link / "gpu_env.json").symlink_to(REPO / "bench" / "results" / "gpu_env.json")
+    p, _ = run("--dry-run", "--budget", "10", "--out", str(link), timeout=60)
+    assert p.returncode == 2 and "did not write (gpu_env.json)" in p.stderr, p.stderr
+    assert os.readlink(link / "gpu_env.json") == str(REPO / "bench" / "results" / "gpu_env.json")
+
+
+def proc_stat(pid):
+    "(ppid, process group) of a live process, or None."
+    try: text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError: return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[2])
+
+
+def pids():
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def cmdline(pid):
+    try: return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError: return b""
+
+
+@pytest.mark.parametrize("sig, rc", [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_stopping_the_check_ends_its_running_step_first(tmp_path, sig, rc):
+    """SIGTERM (Ctrl-C) to a real dry run while a step runs: the step's whole process group is gone when the check
+    exits 143 (130), and nothing in --out appears or changes after that; the stopped step's file never lands there."""
+    out = tmp_path / "out"
+    check = subprocess.Popen([*CHECK, "--dry-run", "--budget", "600", "--out", str(out)], cwd=REPO / "tests",
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+    step = None
+    try:
+        t0 = time.monotonic()
+        while step is None and time.monotonic() - t0 < 60 and check.poll() is None:
+            step = next((pid for pid in pids() if (proc_stat(pid) or (0,))[0] == check.pid
+                         and b"--step" in cmdline(pid)), None)
+            time.sleep(0.05)
+        assert step is not None, "no step process started"
+        time.sleep(1)                                                    # the step is at work (imports torch & co.)
+        check.send_signal(sig)
+        _, err = check.communicate(timeout=60)
+        assert check.returncode == rc, err
+        assert [pid for pid in pids() if (proc_stat(pid) or (0, 0))[1] == step] == []   # its group: none left
+        after = snapshot(out)
+        time.sleep(4)                                                    # a surviving step would write by now
+        assert snapshot(out) == after
+        s = json.loads(after["gpu_check.json"])
+        assert s["status"] == "stopped" and s["steps"][-1]["status"] == "stopped", s["steps"]
+        assert all(st["status"] in ("ok", "skipped") for st in s["steps"][:-1]), s["steps"]
+        assert sorted(after) == sorted(["gpu_check.json", *(st["file"] for st in s["steps"] if st["status"] == "ok")])
+        assert ("stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted (Ctrl-C)") in err.splitlines()[-1]
+    finally:
+        if check.poll() is None: check.kill()
+        if step is not None and proc_stat(step) is not None: os.killpg(step, signal.SIGKILL)   # the old bug's orphan
 
 
 def test_gpu_plan_fits_the_default_budget_on_paper():
