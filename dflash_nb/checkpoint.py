@@ -11,8 +11,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 from .config import opt, save_config, to_dict, load_config
-from .storage import (UnsafePathError, atomic_dir, atomic_write_text, checked_path, own_temps,
-                               read_json, s3_client, split_s3)
+from .storage import (UnsafePathError, atomic_dir, atomic_write_text, checked_path, pid_alive,
+                               read_json, remove_killed_temps, s3_client, split_s3)
 
 # %% auto #0
 __all__ = ['RUN_FILE', 'CheckpointConfig', 'FaultConfig', 'CheckpointError', 'checkpoint_name', 'step_of', 'inside',
@@ -33,7 +33,7 @@ class CheckpointConfig:
     s3_endpoint_url: Optional[str] = opt(
         None, "S3 endpoint for S3-compatible stores; None = boto3's default (AWS_ENDPOINT_URL, ...)")
     s3_retries: int = opt(5, "attempts per checkpoint upload before giving up (the local copy is always kept)", min=0)
-    s3_backoff: float = opt(1.0, "seconds before the first retry, doubled after each failure", min=0)
+    s3_backoff: float = opt(1.0, "seconds before the first retry, doubled after each failure", min=0, max=3600)
 
 # %% ../nbs/08a_checkpoint.ipynb #b0c7ae1a
 @dataclass
@@ -184,17 +184,8 @@ def prune_checkpoints(root, keep: int, protect=()) -> list:   # protect: names t
 # %% ../nbs/08a_checkpoint.ipynb #56f208ee
 def clean_killed_saves(root, run_id: Optional[str] = None) -> list:   # run_id: the run that owns `root`
     "Remove what killed saves of run `run_id` left in `root` (names carrying its id); returns those names."
-    root, gone = Path(root), []
-    if not run_id or not root.is_dir(): return gone
-    for p, name, tag in own_temps(root, run_id):
-        if not (_STEP_NAME.fullmatch(name) or (name == "latest" and tag == "tmp")): continue
-        if tag == "old" and not (root / name).exists():   # a swap cut between its renames: the old step is put back
-            os.rename(p, root / name)
-            continue
-        if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
-        else: p.unlink(missing_ok=True)
-        gone.append(p.name)
-    return gone
+    if not run_id: return []
+    return remove_killed_temps(root, rf"{_STEP_NAME.pattern}|latest", marker=run_id, held=True)   # train.lock is held
 
 # %% ../nbs/08a_checkpoint.ipynb #f7fd7030
 def save_checkpoint(
@@ -293,15 +284,6 @@ def newest_complete(root) -> Optional[Path]:
         return d
     return None
 
-# %% ../nbs/08a_checkpoint.ipynb #9a1ae587
-def _pid_alive(pid) -> bool:
-    "Whether process `pid` exists on this host (one we may not signal exists too; a pid no process can have: no)."
-    if type(pid) is not int or not 0 < pid < 2**31: return False   # 0 and -1 would ask about whole process groups
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
-
 # %% ../nbs/08a_checkpoint.ipynb #3dfb2c1f
 class RunLock:
     "Exclusive ownership of a run dir: `train.lock` holds the owner's pid and host (and an flock while it runs)."
@@ -322,7 +304,7 @@ class RunLock:
             except (ValueError, RecursionError): holder = None   # garbage, nested past the parser's depth: no holder
             if not isinstance(holder, dict) or not isinstance(holder.get("host"), str): holder = None
             same_host = holder is not None and holder.get("host") == me["host"]
-            alive = same_host and _pid_alive(holder.get("pid"))
+            alive = same_host and pid_alive(holder.get("pid"))
             if held or (holder is not None and holder.get("pid") != me["pid"] and (alive or not same_host)):
                 os.close(fd)
                 who = f"pid {holder.get('pid')} on host {holder.get('host')}" if holder else "another process"

@@ -4,11 +4,12 @@
 
 # %% ../nbs/10_export.ipynb #e588dd39
 from __future__ import annotations
-import contextlib, json, os, sys
+import contextlib, json, os, re, sys
 from pathlib import Path
 import torch
 from torch import nn
-from .storage import OutDirError, atomic_dir, clear_of_inputs, read_json
+from .storage import (OutDirError, atomic_dir, atomic_write_text, clear_of_inputs, read_json,
+                               remove_killed_temps)
 from .model import SERVING_ARCH, serving_config, read_exported_config   # the serving config.json
 from .model import DFlashDrafter, DrafterConfig
 from .config import ConfigError, load_config, from_dict, read_document
@@ -139,6 +140,13 @@ def check_export_dir(
         raise OutDirError(f"{out} holds a previous drafter export: pass --overwrite to replace it, "
                               f"or pick another --out directory")
 
+# %% ../nbs/10_export.ipynb #fbee02cf
+def _drop_killed_export(out: Path) -> list[str]:
+    "Remove what a killed export of `out` left (its temp dir beside it, a torn config.json write inside); the names."
+    gone = remove_killed_temps(out.parent, re.escape(out.name))
+    if not out.is_symlink() and _export_files(out) is not None: gone += remove_killed_temps(out, r"config\.json")
+    return gone
+
 # %% ../nbs/10_export.ipynb #0ca234c9
 def export_drafter(
     drafter_or_state,       # a DFlashDrafter or its trainable_state_dict
@@ -162,6 +170,7 @@ def export_drafter(
     check_finite_weights(serving_state_dict(drafter_or_state), dtype)   # before the cast: a cast would hide nothing
     sd = serving_state_dict(drafter_or_state, dtype)
     out = Path(out_dir)
+    _drop_killed_export(out)
     check_export_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     conf = serving_config(cfg, dtype=str(next(iter(sd.values())).dtype).removeprefix("torch."))
@@ -292,6 +301,7 @@ def export_checkpoint(
 ) -> Path:
     "Export a trainer checkpoint to the serving format."
 
+    _drop_killed_export(Path(out_dir))    # what a killed export left is no file "it did not write"
     check_export_dir(out_dir, overwrite)  # before any work: a wrong --out is the cheapest mistake to report
     d = resolve_checkpoint(checkpoint)
     clear_of_inputs(out_dir, {"--checkpoint": [d]})   # never into the checkpoint it reads, nor around it
@@ -324,9 +334,7 @@ def write_num_speculative_tokens(export_dir, k: int):
     p = Path(export_dir) / "config.json"
     cfg = json.loads(p.read_text())
     cfg["dflash_config"]["num_speculative_tokens"] = int(k)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    tmp.replace(p)
+    atomic_write_text(p, json.dumps(cfg, indent=2) + "\n")
 
 def vllm_serve_line(export_dir, target: str = "<target>",
                     tensor_parallel_size: int = 1) -> str:   # GPUs the target is split over (named when > 1)

@@ -5,21 +5,22 @@
 # %% ../nbs/07c_parallel.ipynb #345c018f
 from __future__ import annotations
 import contextlib, datetime, hashlib, json, os, re, shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, is_dataclass
 from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from .config import ConfigError, ExpectedError, patch
+from .config import ConfigError, ExpectedError, patch, to_dict
 from .model import DFlashDrafter, DrafterConfig
 from .target import tiny_target
 
 # %% auto #0
 __all__ = ['TP_KINDS', 'FLAGSHIP_DRAFTER', 'ASSUMED_LINKS', 'BYTES_TARGET', 'BYTES_TRAINED', 'Layout', 'layout', 'tp_plan_of',
            'check_tp_target', 'tp_mesh', 'is_split', 'load_target_tp', 'saved_tiny_target', 'plain_copy', 'held_bytes',
-           'group_features', 'CollectiveError', 'collective_error', 'weight_kind', 'weight_pattern', 'split_at_tp',
-           'meta_param_counts', 'target_params', 'drafter_trainable_params', 'layer_flops_per_token', 'comm_per_layer',
-           'comm_seconds', 'tp_efficiency', 'tp_fit', 'tp_verdict']
+           'group_features', 'CollectiveError', 'collective_error', 'flat_config', 'rank_differences', 'RanksDisagree',
+           'check_ranks_agree', 'weight_kind', 'weight_pattern', 'split_at_tp', 'meta_param_counts', 'target_params',
+           'drafter_trainable_params', 'layer_flops_per_token', 'comm_per_layer', 'comm_seconds', 'tp_efficiency',
+           'tp_fit', 'tp_verdict']
 
 # %% ../nbs/07c_parallel.ipynb #f88c52aa
 @dataclass(frozen=True)
@@ -225,6 +226,43 @@ def collective_error(err: BaseException) -> CollectiveError | None:
                                    "the checkpoints written before are kept: restart with train.resume=auto")
         err = err.__cause__ or err.__context__
     return None
+
+# %% ../nbs/07c_parallel.ipynb #6374ef15
+def flat_config(cfg, prefix: str = "") -> dict:
+    "Dotted key -> value of a config (a dataclass or a dict), in field order; sections and dict fields flattened."
+    out = {}
+    for k, v in (to_dict(cfg) if is_dataclass(cfg) else cfg).items():
+        if isinstance(v, dict): out.update(flat_config(v, f"{prefix}{k}."))   # an empty one adds no key
+        else: out[f"{prefix}{k}"] = v
+    return out
+
+_UNSET = object()
+
+def _shown(v) -> str:
+    "A config value as a user would type it: text as it is, else JSON (null, [1, 2], 0.003)."
+    return "unset" if v is _UNSET else v if isinstance(v, str) else json.dumps(v)
+
+def rank_differences(theirs: dict, ours: dict, n: int = 3) -> str:
+    "`key theirs vs ours; ...` for the first `n` keys (in field order) whose values differ; '' when none do."
+    keys = [k for k in dict.fromkeys([*ours, *theirs]) if theirs.get(k, _UNSET) != ours.get(k, _UNSET)]
+    said = [f"{k} {_shown(theirs.get(k, _UNSET))} vs {_shown(ours.get(k, _UNSET))}" for k in keys[:n]]
+    return "; ".join(said + ([f"and {len(keys) - n} more"] if len(keys) > n else []))
+
+# %% ../nbs/07c_parallel.ipynb #d92d45bf
+class RanksDisagree(ConfigError):
+    "Ranks of one run started with different configs or data: one line on every rank, exit 2."
+
+def check_ranks_agree(values: dict,   # what must be equal on every rank: a flat_config, or {"data_id": ...}
+                      what: str = "config",
+                      fix: str = "start every rank with the same config file and key=value overrides"):
+    "All ranks: `RanksDisagree` where a rank's `values` differ from rank 0's (a collective; none without a group)."
+    if not (dist.is_available() and dist.is_initialized()): return
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, values)
+    r = next((i for i, v in enumerate(everyone) if v != everyone[0]), None)
+    if r is not None:
+        raise RanksDisagree(f"rank {r}'s {what} differs from rank 0's: {rank_differences(everyone[r], everyone[0])}; "
+                            f"{fix}")
 
 # %% ../nbs/07c_parallel.ipynb #c50c49b1
 TP_KINDS = ("attention", "mlp", "linear_attention", "embedding_lm_head", "norms", "other")

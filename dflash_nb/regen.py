@@ -15,16 +15,17 @@ from dflash_nb.records import (
     DataConfig, split_think, normalize_record, RecordError, ChatRenderer, SampleEncoder, template_fingerprint,
     load_tokenizer)
 from .progress import Progress, progress, stage
-from .storage import OutDirError, atomic_write_text, clear_of_inputs, file_kind, atomic_write_bytes
+from .storage import (OutDirError, atomic_write_text, clear_of_inputs, file_kind, atomic_write_bytes,
+                               remove_killed_temps)
 from .config import patch
 from .inputs import list_inputs, open_input
 from .prompts import MAX_PROMPT_RECORD_BYTES, PROMPT_FORMATS, prompt_conversations, PromptFileError
 from .serving import VLLMEngine, ServingError, ServingUnavailable, MAX_TIMEOUT_S, serving_python
 
 # %% auto #0
-__all__ = ['MANIFEST', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck', 'Sampling',
-           'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate', 'check_completions',
-           'regenerate', 'shard_name', 'prompts_sha', 'drop_killed_temps', 'open_manifest', 'regenerate_shards',
+__all__ = ['MANIFEST', 'WRITES', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck',
+           'Sampling', 'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate',
+           'check_completions', 'regenerate', 'shard_name', 'prompts_sha', 'open_manifest', 'regenerate_shards',
            'pending_shards', 'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts',
            'context_length', 'check_out_dir', 'RegenLock', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
            'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'GenerateConfig', 'timeout_opt', 'RegenCommand',
@@ -292,9 +293,7 @@ def _manifest_on_disk(out_dir: Path) -> Optional[dict]:
     return have
 
 # %% ../nbs/01h_regen.ipynb #fa2171e7
-def drop_killed_temps(out_dir: Path):
-    "Remove the temp files a killed run or merge left in `out_dir` (its shard and manifest writes); call it locked."
-    for f in [*out_dir.glob(".shard-*.jsonl.tmp-*"), *out_dir.glob(f".{MANIFEST}.tmp-*")]: f.unlink(missing_ok=True)
+WRITES = r"shard-\d{5,}\.jsonl|regen\.manifest"   # the names a run and a merge write (`shard_name`, MANIFEST)
 
 def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool = False,
                   part: tuple = (0, 1)) -> dict:   # (i, n): this run writes the shards j with j % n == i
@@ -318,7 +317,7 @@ def open_manifest(out_dir, convs, settings: dict, shard_size: int, replace: bool
                           f"pick another --out, or --replace to start over (nothing was changed)")
     elif have is None and ours:
         raise ConfigError(f"{out_dir} holds shard files but no {MANIFEST}: pick another --out, or --replace")
-    drop_killed_temps(out_dir)
+    remove_killed_temps(out_dir, WRITES, held=True)   # under RegenLock: a killed run's or merge's
     if have is not None and not replace: return have
     out_dir.mkdir(parents=True, exist_ok=True)
     return dict(want, shards={})
@@ -599,7 +598,7 @@ def _write_merged(mans, files: dict, out: Path, parts: list) -> dict:
         again = have is not None and have.get("merging") and run_identity(have) == run_identity(man)
         if not again and (have is not None or list(out.glob("shard-*.jsonl"))):
             raise OutDirError(f"--merge: {out} holds shards already: pick an empty --out")
-        drop_killed_temps(out)                         # a SIGKILLed merge's torn write: never left beside the shards
+        remove_killed_temps(out, WRITES, held=True)    # a SIGKILLed merge's torn write: never left beside the shards
         atomic_write_text(out / MANIFEST, json.dumps(dict(man, merging=parts, shards={}), indent=1))
         man["shards"] = shards
         for k, f in sorted(files.items(), key=lambda kv: int(kv[0])):
@@ -751,7 +750,9 @@ def run_settings(a, target: Path, tokenizer, data_cfg: DataConfig, sampling: Sam
 
 # %% ../nbs/01h_regen.ipynb #a8a14629
 def _check_inputs_and_context(a, target: Path, out: Path):
-    "Refuse prompt files inside `out`, and a `--max-new-tokens` that leaves no room for a prompt in the context."
+    "Refuse an empty --prompts word, prompt files inside `out`, and a `--max-new-tokens` leaving no room for a prompt."
+    if "" in map(str, a.prompts):            # `--prompts ''` (an unset variable) would read the current directory
+        raise ConfigError("--prompts: an empty word names no file (an unset variable?); name each prompt file")
     clear_of_inputs(out, {"--prompts": _prompt_paths(a.prompts)})
     if (n := context_length(target)) is not None and a.max_new_tokens >= n:
         raise ConfigError(f"--max-new-tokens {a.max_new_tokens}: "

@@ -15,7 +15,7 @@ import pyarrow.ipc
 import dataclasses
 from .config import ConfigError, ExpectedError, to_dict, validate_config, from_dict
 from .storage import (OutDirError, atomic_writer, atomic_write_text, checked_path, clear_of_inputs, inside_dir,
-                               own_temps, plain_name, read_json)
+                               plain_name, read_json, remove_killed_temps)
 from .records import (CONTENT_FIELDS, DataConfig, RecordError, SampleEncoder, chat_template_text,
                             conversation_samples, load_tokenizer, normalize_record, sha256_hex, template_fingerprint,
                             tokenizer_fingerprint, tokenizer_parts)
@@ -551,8 +551,7 @@ def tokenize_dataset(inputs, tokenizer_dir, out_dir, cfg: DataConfig | None = No
     out_dir.mkdir(parents=True, exist_ok=True)
     for p in remove: p.unlink(missing_ok=True)                   # another data set of ours, replaced as asked
     (out_dir / "manifest.json").unlink(missing_ok=True)  # a directory without manifest is not a finished data set
-    for p, _, _ in own_temps(out_dir, ds):   # a killed run's temp files: ours by the data set id in their name
-        if p.is_file(): p.unlink()
+    remove_killed_temps(out_dir, _OWN.pattern, marker=ds)   # a killed run's temps: ours by the id, pid gone (no lock)
     stats = {t.index: s for t in tasks if (s := shard_stats(shard_path(out_dir, t.index))) and s["key"] == t.key}
     todo = [t for t in tasks if t.index not in stats]
     workers = min(cfg.workers or os.cpu_count() or 1, max(1, len(todo)))

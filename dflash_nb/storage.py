@@ -10,9 +10,9 @@ from typing import Optional
 from .config import ExpectedError, read_document
 
 # %% auto #0
-__all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'own_temps', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes',
-           'atomic_dir', 'UnsafePathError', 'OutDirError', 'plain_name', 'file_kind', 'checked_path', 'inside_dir',
-           'read_json', 'within', 'clear_of_inputs', 'split_s3', 's3_client']
+__all__ = ['fsync_file', 'fsync_dir', 'temp_sibling', 'atomic_writer', 'atomic_write_text', 'atomic_write_bytes', 'atomic_dir',
+           'pid_alive', 'remove_killed_temps', 'UnsafePathError', 'OutDirError', 'plain_name', 'file_kind',
+           'checked_path', 'inside_dir', 'read_json', 'within', 'clear_of_inputs', 'split_s3', 's3_client']
 
 # %% ../nbs/00b_storage.ipynb #36e250a1
 def fsync_file(path):
@@ -40,14 +40,6 @@ def temp_sibling(path, tag: str = "tmp", marker: Optional[str] = None) -> Path:
     return path.with_name(f".{path.name}.{tag}-{marker + '-' if marker else ''}{os.getpid()}")
 
 # %% ../nbs/00b_storage.ipynb #a34ae30f
-def own_temps(directory, marker: str) -> list[tuple[Path, str, str]]:
-    "The temp entries of `directory` whose name carries `marker` (not links): (path, the name it stands for, tag)."
-    temp_sibling("x", marker=marker)                         # the marker's shape is checked there
-    pattern, d = re.compile(rf"\.(.+)\.(tmp|old)-{marker}-\d+"), Path(directory)
-    if not d.is_dir(): return []
-    found = [(p, m[1], m[2]) for p in sorted(d.iterdir()) if (m := pattern.fullmatch(p.name))]
-    return [(p, name, tag) for p, name, tag in found if not p.is_symlink()]
-
 def _fresh(tmp: Path, marked: bool) -> Path:
     "`tmp`, or when it is unmarked and taken a free name beside it: nothing not proven ours is overwritten."
     while not marked and os.path.lexists(tmp): tmp = tmp.with_name(f"{tmp.name}.{os.urandom(3).hex()}")
@@ -102,6 +94,46 @@ def atomic_dir(path, marker: Optional[str] = None):   # path: the dir to write, 
         raise
     shutil.rmtree(old, ignore_errors=True)
     fsync_dir(path.parent)
+
+# %% ../nbs/00b_storage.ipynb #7ec320b8
+def pid_alive(pid) -> bool:
+    "Whether process `pid` exists on this host (one we may not signal exists too; a pid no process can have: no)."
+    if type(pid) is not int or not 0 < pid < 2**31: return False   # 0 and -1 would ask about whole process groups
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True
+    return True
+
+# %% ../nbs/00b_storage.ipynb #830d9b73
+_TEMP = re.compile(r"\.(.+)\.(tmp|old)-(?:([0-9a-f]{8,64})-)?(\d{1,10})(?:\.[0-9a-f]{6})*")   # temp_sibling, _fresh
+
+def _leftovers(d: Path, names, marker, held: bool) -> list[tuple[Path, str, str]]:
+    "(path, the name it stands for, tag) of each temp in `d` that `remove_killed_temps` takes."
+    out = []
+    for p in sorted(d.iterdir()):
+        m = _TEMP.fullmatch(p.name)
+        if not m or (names is not None and not re.fullmatch(names, m[1])) or (marker and m[3] != marker): continue
+        if not held and int(m[4]) != os.getpid() and pid_alive(int(m[4])): continue   # a live writer's
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISDIR(mode := p.lstat().st_mode) or stat.S_ISREG(mode): out.append((p, m[1], m[2]))
+    return out
+
+def remove_killed_temps(directory,
+                        names: Optional[str] = None,    # a regex the name a temp stands for matches whole (None: any)
+                        marker: Optional[str] = None,   # only temps carrying this id (`temp_sibling`)
+                        held: bool = False) -> list[str]:   # the caller holds `directory` by a lock all writers take
+    "Remove from `directory` the temps of atomic writers killed mid-write (see the rule above); the names removed."
+    if marker: temp_sibling("x", marker=marker)                  # the marker's shape is checked there
+    d, gone = Path(directory), []
+    if not d.is_dir(): return gone
+    for p, name, tag in _leftovers(d, names, marker, held):
+        if tag == "old" and not os.path.lexists(d / name): os.rename(p, d / name)   # the old copy, put back
+        else:
+            if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
+            else: p.unlink(missing_ok=True)
+            gone.append(p.name)
+    if gone: fsync_dir(d)
+    return gone
 
 # %% ../nbs/00b_storage.ipynb #d1a97c11
 class UnsafePathError(ExpectedError, ValueError):

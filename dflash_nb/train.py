@@ -18,7 +18,8 @@ from .evaluate import TauConfig
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)
-from .parallel import layout, collective_error   # chapter Parallel: a split target, a failed collective
+from .parallel import (   # chapter Parallel: a split target, ranks that must agree, a failed collective
+    layout, check_ranks_agree, flat_config, collective_error)
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError, load_samples
 from .checkpoint import checkpoints_held, preflight_run_dir
@@ -34,7 +35,7 @@ from .export import export_drafter
 # %% auto #0
 __all__ = ['RegenConfig', 'EvalConfig', 'RunConfig', 'demo_data_dir', 'demo_config_path', 'regen_engine', 'keep_freed_memory',
            'cpu_threads', 'phase', 'check_run', 'next_demo_dir', 'generation_key', 'save_generated', 'reuse_generated',
-           'prepare_data', 'measure_tau', 'export', 'run', 'main', 'cli']
+           'prepare_data', 'measure_tau', 'export', 'run', 'stopped_line', 'main', 'cli']
 
 # %% ../nbs/11_train.ipynb #759fe022
 @dataclass
@@ -274,11 +275,12 @@ def run(cfg: RunConfig, reuse_from=()) -> dict:
     if cfg.threads: torch.set_num_threads(cfg.threads)   # before anything runs: the CPU probe and every matmul use it
     rank, world, local_rank = dist_env()
     tc, run_dir = cfg.train, Path(cfg.train.run_dir)
-    split = layout(tc.target.tp_size).tp > 1   # a split target runs as a group: every rank loads and evaluates
     target_device, drafter_device = rank_devices(tc.devices, local_rank)
     check_tp_devices(tc.target, target_device, drafter_device)
     if "cpu" in (target_device.type, drafter_device.type): keep_freed_memory()
     distributed = init_distributed(drafter_device, tc.collective_timeout_s)
+    check_ranks_agree(flat_config(cfg))   # every rank runs rank 0's config, else all end here in one line
+    split = layout(tc.target.tp_size).tp > 1   # a split target runs as a group: every rank loads and evaluates
     tokenizer = check_run(cfg)          # every precondition, before anything expensive runs or anything is written
     check_sizes(tc, target_device, drafter_device)   # and every size, before anything is allocated
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -352,6 +354,13 @@ def _where(r: dict) -> str:
              f"  report                 {rd / 'report.json'}"]
     return "\n".join(l for l in lines if l)
 
+# %% ../nbs/11_train.ipynb #2ab7c686
+def stopped_line(summary: dict, tc: TrainConfig, moved: bool = False) -> str:   # moved: the demo took a new run dir
+    "What rank 0 says on stderr when SIGTERM stopped training at a step boundary: where, and how to continue."
+    again = "train.resume=auto" + (f" train.run_dir={tc.run_dir}" if moved else "")
+    return (f"{invoked_as('dflash_nb.train')}: stopped early by SIGTERM after step {summary['steps']} of {tc.steps} "
+            f"(checkpoint {summary['checkpoint']}); run the same command with {again} to continue from there")
+
 # %% ../nbs/11_train.ipynb #bbe60fc5
 def main(argv=None) -> int:
     "`python -m dflash_nb.train [--config FILE] [key=value ...] [--debug]`; no arguments = the demo."
@@ -386,7 +395,9 @@ def _main(argv: list) -> int:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-    return 143 if report.get("train", {}).get("stopped") == "sigterm" else 0
+    if report.get("train", {}).get("stopped") != "sigterm": return 0
+    if dist_env()[0] == 0: print(stopped_line(report["train"], cfg.train, moved=bool(reuse)), file=sys.stderr)
+    return 143
 
 def cli():
     "Console script `dflash-train` (`python -m dflash_nb.train`); `main` returns `run_cli`'s exit code."

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from .config import to_dict, save_config, ConfigError
-from .storage import atomic_write_text
+from .storage import atomic_write_text, remove_killed_temps
 from .train_config import TrainConfig, lr_factor   # chapter Train config
 from .rows import (   # chapter Rows: the data order, a row's host batch, the producer
     stable_seed, RowStream, rank_row, Batch, make_batch, packed_row, FeatureProducer)
@@ -28,7 +28,8 @@ from .build import (   # chapter Build: devices, precision, the target and the d
     dist_env, rank_devices, init_distributed, tokenizer_dir, build_target, drafter_config, build_drafter,
     drafter_lm_head_weight, warm_start_config, load_warm_start, check_drafter_memory, check_token_ids,
     drafter_autocast, precision, precision_line, pick_backend, check_sizes, check_tp_devices)
-from .parallel import Layout, layout, held_bytes   # chapter Parallel: the DP x TP grid of a split target
+from .parallel import (   # chapter Parallel: the DP x TP grid of a split target, ranks that must agree
+    Layout, layout, held_bytes, check_ranks_agree, flat_config)
 from .metrics import Stopwatch, Metrics, RunLog, peak_memory_gb, projected_cost, format_cost  # chapter Metrics
 from .commands import Terminated, exit_after, SIGTERM_GRACE_S
 from .records import load_tokenizer
@@ -37,7 +38,6 @@ from .loss import block_loss, expected_acceptance_length
 from .target import TargetFeatures
 from .target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
 from .tracking import Trackers, require_trackers
-
 
 # %% auto #0
 __all__ = ['distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'Run', 'build_run',
@@ -120,9 +120,10 @@ def _own_run_dir(cfg: TrainConfig, run_dir: Path, ckpt_root: Path, locks: list, 
         pid = locks[-1].taken_over.get("pid")
         print(f"{log_prefix}note: took over the stale lock of pid {pid} in {run_dir}", flush=True)
     mine, theirs = check_run_dir(cfg)
-    for d in (ckpt_root, run_dir / "resume"):    # the dir is ours now: what killed saves and downloads left goes
-        gone = clean_killed_saves(d, mine)
-        if gone: print(f"{log_prefix}note: removed leftovers of killed saves in {d}: {', '.join(gone)}", flush=True)
+    gone = {d: clean_killed_saves(d, mine) for d in (ckpt_root, run_dir / "resume")}   # the dir is ours now
+    gone[run_dir] = remove_killed_temps(run_dir)   # run.json, an export, ...: not all under the lock, so dead pids only
+    for d, names in gone.items():
+        if names: print(f"{log_prefix}note: removed leftovers of killed writes in {d}: {', '.join(names)}", flush=True)
     if mine is None:   # a new run, or a resume continuing the source's run in a new dir
         ident = {"run_id": theirs or new_run_id(), "created": round(time.time(), 3), "resumed_from": cfg.resume}
         atomic_write_text(run_dir / RUN_FILE, json.dumps(ident) + "\n")
@@ -191,16 +192,16 @@ class Run:
 def _rank_setup(cfg: TrainConfig):
     "This rank's place (rank, world, DP x TP layout), its device pair, and the process group it joins."
     rank, world, local_rank = dist_env()
-    lay = layout(cfg.target.tp_size)    # world = dp x tp: a tp_size that does not divide it is one line here
     target_device, drafter_device = rank_devices(cfg.devices, local_rank)
     check_tp_devices(cfg.target, target_device, drafter_device)
     if drafter_device.type == "cuda":   # the drafter's stream is this thread's current stream
         torch.cuda.set_device(drafter_device)
     distributed = init_distributed(drafter_device, cfg.collective_timeout_s)
+    check_ranks_agree(flat_config(cfg, "train."))   # before anything a rank's other config could hang or change
+    lay = layout(cfg.target.tp_size)    # world = dp x tp: a tp_size that does not divide it is one line here
     if cfg.global_batch % world:
         raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
     return rank, world, lay, target_device, drafter_device, distributed
-
 
 # %% ../nbs/08h_trainer.ipynb #3291309a
 def build_run(cfg: TrainConfig,
@@ -214,6 +215,8 @@ def build_run(cfg: TrainConfig,
     # ---- data first: bad data is refused before the run dir is touched (nothing written) ---------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
     tokenizer, samples, stream, data_id = _run_data(cfg)
+    check_ranks_agree({"data_id": data_id}, "data", f"train.data_dir {cfg.data_dir} must hold the same data set "
+                      "(shards and chat template) on every rank")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_root = run_dir / "checkpoints"
@@ -672,4 +675,5 @@ def _train(cfg: TrainConfig, target, log_prefix: str, locks: list) -> dict:
         ckpt.close()
         run.log.close()
     total_s = time.perf_counter() - t_start
-    return _summary(run, ckpt, metrics, history, start, step if stopped else cfg.steps, stopped, total_s, cost=cost)
+    done = step + 1 if stopped else cfg.steps   # stopped after step index `step`: step + 1 done, as checkpointed
+    return _summary(run, ckpt, metrics, history, start, done, stopped, total_s, cost=cost)

@@ -117,3 +117,24 @@ def cpu_load(n: int | None = None):
         for p in procs:
             p.join(5)
             if p.is_alive(): p.kill()
+
+
+def free_port() -> int:
+    "A TCP port free on 127.0.0.1 right now (the rendezvous of processes started without torchrun)."
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(cfg_path, per_rank: list, cwd=None, **popen) -> list[subprocess.Popen]:
+    """`python -m dflash_nb.train --config cfg_path` as len(per_rank) real ranks of one gloo world (torchrun's
+    environment, set by hand), rank r with the `key=value` overrides per_rank[r]: ranks that torchrun would start alike
+    can be started unlike. cwd: one directory, or one per rank."""
+    port, world = free_port(), len(per_rank)
+    cwds = cwd if isinstance(cwd, list) else [cwd or REPO] * world
+    return [subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg_path), *over], cwd=cwds[r],
+                             env=env(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+            for r, over in enumerate(per_rank)]

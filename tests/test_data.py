@@ -204,7 +204,7 @@ def test_resume_skips_finished_and_repairs(tmp_path):
     ref, n = _shard_bytes(tmp_path / "out"), len(m["shards"])
     assert n >= 3
     # a killed run's leftovers: a temp file, a shard cut short, a missing shard, and a shard from a bigger earlier plan
-    (tmp_path / "out" / f".shard-00001.arrow.tmp-{m['dataset_id']}-999").write_bytes(b"partial")   # carries our id
+    (tmp_path / "out" / f".shard-00001.arrow.tmp-{m['dataset_id']}-{2**22 + 1}").write_bytes(b"partial")   # our id, a dead pid
     p = shard_path(tmp_path / "out", 1); p.write_bytes(p.read_bytes()[:100])
     shard_path(tmp_path / "out", 2).unlink()
     shard_path(tmp_path / "out", n + 3).write_bytes(shard_path(tmp_path / "out", 0).read_bytes())   # ours, by its statistics

@@ -1,7 +1,7 @@
 """A data set knows what it is: its id covers its inputs (names, sizes, content), other inputs into its directory are
 refused unless --replace, a file this program did not write is never deleted, killed writes' temp files are cleaned,
 and every shard is checked against the manifest before training (real Qwen3 tokenizer, real CLI process)."""
-import shutil, subprocess, sys
+import os, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -77,15 +77,21 @@ def test_a_file_this_program_did_not_write_is_never_deleted(tmp_path):
 
 
 def test_leftover_temp_files_of_a_killed_run_are_cleaned(tmp_path):
-    "Temp files carrying this data set's id (a killed run's) go at the next start; look-alikes without it all stay."
+    """Temp files carrying this data set's id whose pid is gone (a killed run's, or this process's own: a pid come
+    round) go at the next start; look-alikes without it, and a live writer's (no lock guards --out), all stay."""
     a, _ = _inputs(tmp_path)
     out = tmp_path / "D"
     ds = tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)["dataset_id"]
-    ours = [f".shard-00000.arrow.tmp-{ds}-999999", f".manifest.json.tmp-{ds}-999998", f".audit.json.tmp-{ds}-999997"]
-    foreign = [".shard-00000.arrow.tmp-77", ".manifest.json.tmp-5", ".audit.json.tmp-999997", ".mine.tmp-1",
-               ".shard-00000.arrow.tmp-0123456789abcdef-6", ".manifest.json.tmp5", f".shard-00000.arrow.tmp-{ds}-x"]
-    for n in ours + foreign: (out / n).write_bytes(b"half written")
-    tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
+    dead = 2**22 + 1                                             # above Linux's largest pid: no process has it
+    ours = [f".shard-00000.arrow.tmp-{ds}-{dead}", f".manifest.json.tmp-{ds}-{dead + 1}",
+            f".audit.json.tmp-{ds}-{dead + 2}", f".shard-00001.arrow.tmp-{ds}-{os.getpid()}"]
+    with subprocess.Popen(["sleep", "60"]) as live:               # a concurrent writer of the same data set
+        foreign = [".shard-00000.arrow.tmp-77", ".manifest.json.tmp-5", f".audit.json.tmp-{dead}", ".mine.tmp-1",
+                   ".shard-00000.arrow.tmp-0123456789abcdef-6", ".manifest.json.tmp5", f".shard-00000.arrow.tmp-{ds}-x",
+                   f".shard-00002.arrow.tmp-{ds}-{live.pid}"]
+        for n in ours + foreign: (out / n).write_bytes(b"half written")
+        tokenize_dataset(str(a), qwen3_tokenizer_dir(), out, **SMALL)
+        live.kill()
     assert not any((out / n).exists() for n in ours)
     assert all((out / n).read_bytes() == b"half written" for n in foreign)
 

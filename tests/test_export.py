@@ -1,6 +1,6 @@
 """Export to the serving format: round trip (identical logits), config fields vs the training config, tensor names read
 with safetensors directly (no embedding / lm_head), atomic replacement under a crash, the trainer-checkpoint CLI."""
-import copy, json, os, subprocess, sys
+import contextlib, copy, io, json, os, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from safetensors import safe_open
@@ -231,3 +231,28 @@ def test_corrupt_export_names_the_file(setup, tmp_path):
     (out / "model.safetensors").write_bytes(pickle.dumps({"fc.weight": [1.0]}))
     with pytest.raises(ex.CorruptWeightsError, match=r"model\.safetensors is not a readable safetensors file"):
         ex.load_exported_drafter(out, target.get_input_embeddings(), target.get_output_embeddings())
+
+
+def test_what_a_killed_export_left_goes_with_the_next(setup, tmp_path):
+    """A killed export's temp dir beside --out and a killed --num-speculative-tokens write's temp inside it (their pids
+    gone) are removed by the next export, which then replaces the export as asked; a live export's temp dir stays (no
+    lock guards --out). Before: the temps stayed, and the one inside made --overwrite refuse ("files it did not write")."""
+    from dflash_nb.checkpoint import save_checkpoint, rng_state
+    from dflash_nb.config import to_dict
+    target, cfg, drafter = setup
+    m = torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+    ck = save_checkpoint(tmp_path / "run" / "checkpoints", 3, drafter.trainable_state_dict(), m,
+                         torch.optim.lr_scheduler.LambdaLR(m, lambda s: 1.0), {"step": 3}, [rng_state(torch.device("cpu"))],
+                         extra={"drafter_config.json": json.dumps(to_dict(cfg))})
+    out, dead = tmp_path / "export", 2**22 + 7                 # above Linux's largest pid: no process has it
+    def export(*args):                                         # dflash-export in this process, its output dropped
+        with contextlib.redirect_stdout(io.StringIO()): return ex.main(["--checkpoint", str(ck), *map(str, args)])
+    export("--out", out, "--num-speculative-tokens", "2")
+    assert sorted(p.name for p in out.iterdir()) == [".dflash_nb_export.json", "config.json", "model.safetensors"]
+    (out / f".config.json.tmp-{dead}").write_text('{"dflash_co')
+    (tmp_path / f".export.tmp-{dead}").mkdir()
+    (tmp_path / f".export.tmp-{dead}" / "model.safetensors").write_bytes(b"half")
+    (tmp_path / f".export.tmp-{os.getppid()}").mkdir()
+    export("--out", out, "--overwrite")                       # before: "holds files it did not write", exit 2
+    assert sorted(p.name for p in out.iterdir()) == [".dflash_nb_export.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in tmp_path.glob(".export.*")) == [f".export.tmp-{os.getppid()}"]

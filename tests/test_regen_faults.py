@@ -425,7 +425,8 @@ def test_a_killed_merge_is_finished_by_merging_again(small, tmp_path, monkeypatc
     rc, _, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
     monkeypatch.undo()
     assert rc != 0 and len(shards(tmp_path / "merged")) == 2, err
-    with pytest.raises(Exception, match="an unfinished dflash-regen --merge"): list_inputs([str(tmp_path / "merged")])
+    with pytest.raises(Exception, match=r"an unfinished dflash-regen --merge \(2 of 8 shards copied\)"):
+        list_inputs([str(tmp_path / "merged")])               # the two copies counted (before: "0 of 8 shards done")
     rc, out, err = run_main(*args(tmp_path / "merged"))
     assert rc == 2 and "holds an unfinished --merge" in err and "loading the target" not in out + err, err
     rc, out, err = run_main("--merge", *parts, "--out", tmp_path / "merged")
@@ -485,7 +486,8 @@ def test_a_merge_killed_by_sigkill_is_finished_by_merging_again(small, tmp_path)
     man = json.loads(killed[MANIFEST])
     assert man["merging"] and man["shards"] == {} and 1 <= len(shards(out)) < 96, sorted(killed)
     assert any(n.startswith(".shard-") for n in killed) and LOCK in killed, sorted(killed)   # a torn write, a dead lock
-    with pytest.raises(Exception, match=r"an unfinished dflash-regen --merge \(0 of 96 shards done\)"):
+    copied = len(shards(out))                               # each copy is atomic: a file there is whole
+    with pytest.raises(Exception, match=rf"an unfinished dflash-regen --merge \({copied} of 96 shards copied\)"):
         list_inputs([str(out)])
     rc, said, err = run_main("--merge", *parts, "--out", out)
     assert rc == 0 and f"merged 2 parts: 96 of 96 shards in {out}" in said, err
@@ -557,3 +559,37 @@ def test_a_bom_and_an_undecodable_name_are_read(small, tmp_path, name, head):
     text = raw.getvalue().decode()
     assert rc == 0 and "8 of 8 shards done" in text, text
     assert f"{str(f).encode('utf-8', 'backslashreplace').decode()}: 8" in text, text
+
+
+# --- issue 55: what killed writers left, an empty --prompts word ------------------------------------------------------
+
+def test_a_rerun_removes_what_killed_runs_left_and_nothing_else(small, tmp_path):
+    """Temps of the names a run writes (a shard, the manifest), whatever their pid (the run holds regen.lock), go with
+    the next run; a look-alike of another name and a link stay, the link's target untouched."""
+    args, d = small
+    out = tmp_path / "o"
+    shutil.copytree(d / "whole", out)
+    torn = [f".shard-00003.jsonl.tmp-{os.getppid()}", f".{MANIFEST}.tmp-{2**22 + 7}", ".shard-00001.jsonl.tmp-9.a1b2c3"]
+    kept = [".notes.txt.tmp-9", ".shard-00001.jsonl.tmp", "shard-00001.jsonl.tmp-9"]
+    for n in torn + kept: (out / n).write_text("half")
+    (tmp_path / "elsewhere").write_text("theirs")
+    os.symlink(tmp_path / "elsewhere", out / ".shard-00002.jsonl.tmp-9")
+    rc, said, err = run_main(*args(out))
+    assert rc == 0 and "8 of 8 shards done" in said and "loading the target" not in said, err
+    left = sorted(f.name for f in out.iterdir() if f.name not in shards(out) and f.name != MANIFEST)
+    assert left == sorted([".shard-00002.jsonl.tmp-9", *kept]), left
+    assert (tmp_path / "elsewhere").read_text() == "theirs" and shards(out) == shards(d / "whole")
+
+
+def test_an_empty_prompts_word_is_refused(small, tmp_path):
+    """`--prompts ''` (an unset shell variable): one line, exit 2, nothing written. Before: the empty word read as the
+    current directory ("--out ... lies in --prompts :" or ". is a directory")."""
+    args, d = small
+    out = tmp_path / "o"
+    for words in ([""], [d / "p.jsonl", ""]):
+        argv = args(out)
+        at = argv.index("--prompts") + 1
+        argv[at:at + 1] = words
+        rc, said, err = run_main(*argv)
+        assert rc == 2 and err.count("\n") == 1 and "--prompts: an empty word names no file" in err, err
+        assert not out.exists() and "loading the target" not in said

@@ -158,19 +158,25 @@ def test_wrong_template_refused(tmp_path):
 
 
 def test_sigterm_checkpoints_then_exits(tmp_path, data_dir):
-    "SIGTERM (preemption) → a checkpoint at the next step boundary, exit code 143; resume=auto finishes the run."
+    """SIGTERM (preemption) → a checkpoint at the next step boundary, exit code 143, and one stderr line saying where
+    it stopped and how to continue (train.resume=auto); summary.json counts the steps the checkpoint holds."""
     cfg = write_run_config(tmp_path / "s.yaml", train_dict(tmp_path / "run", data_dir, steps=400, checkpoint={"every": 0}))
     proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], cwd=REPO, env=env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     t0 = time.time()
     while time.time() - t0 < 120 and not (metrics.exists() and metrics.read_text().count('"loss"') >= 2): time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 143, out[-2000:]
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
     ck = load_checkpoint(tmp_path / "run")
-    assert 2 <= ck["state"]["step"] < 400
-    assert max(losses(tmp_path / "run")) == ck["state"]["step"]
+    step = ck["state"]["step"]
+    assert 2 <= step < 400
+    assert max(losses(tmp_path / "run")) == step
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == step
+    assert err.strip().splitlines()[-1] == (
+        f"python -m dflash_nb.train: stopped early by SIGTERM after step {step} of 400 (checkpoint {tmp_path / 'run' / 'checkpoints' / f'step-{step:08d}'}); "
+        "run the same command with train.resume=auto to continue from there"), err[-2000:]
 
 
 def test_shipped_configs_parse():

@@ -421,7 +421,13 @@ def test_leftovers_of_killed_saves_are_cleaned_on_the_next_start(tmp_path, data_
                ".old-step-00000002-5", ".step-00000004.tmp-0123456789abcdef-6", ".tmp-mine"]
     for n in foreign: (root / n).write_text("not provably the trainer's")
     (run / "resume" / ".step-00000002.tmp-999998").mkdir(parents=True)
+    # the run dir's own files are not all written under its lock: their temps go only when their pid is gone
+    dead, live = 2**22 + 7, os.getppid()                     # no process has `dead`
+    (run / f".run.json.tmp-{dead}").write_text("{")
+    (run / f".drafter.tmp-{dead}").mkdir()                   # a killed export of the run's drafter
+    (run / f".report.json.tmp-{live}").write_text("{")
     train(train_cfg(run, data_dir, steps=3, resume="auto", checkpoint={"every": 0, "final": False}))
+    assert sorted(p.name for p in run.glob(".*.tmp-*")) == [f".report.json.tmp-{live}"]
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".")) == sorted(foreign)
     assert all((root / n).read_text() == "not provably the trainer's" for n in foreign)
     assert [p.name for p in (run / "resume").iterdir()] == [".step-00000002.tmp-999998"]
