@@ -4,17 +4,17 @@
 
 # %% ../nbs/01i_prompt_set.ipynb #87104dbd
 from __future__ import annotations
-import contextlib, gzip, hashlib, importlib, inspect, io, json, pkgutil, re, sys, warnings
+import contextlib, gzip, hashlib, importlib, inspect, io, json, os, pkgutil, re, stat, sys, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from .config import ExpectedError, opt, parse_cli
-from .storage import atomic_write_text
+from .storage import OutDirError, atomic_write_text, remove_killed_temps
 from .commands import run_cli
 
 # %% auto #0
-__all__ = ['SKIP', 'MIN_CHARS', 'MAX_CHARS', 'ROFF_ESCAPES', 'MAN_DIRS', 'PER_FAMILY', 'KINDS', 'digest', 'clean', 'stdlib_texts',
-           'topic_texts', 'roff_text', 'man_texts', 'prompts_of', 'PromptSetError', 'machine_sources', 'build',
-           'count_by', 'PromptSetCommand', 'parse_args', 'write_prompt_set', 'main', 'cli']
+__all__ = ['SKIP', 'MIN_CHARS', 'MAX_CHARS', 'ROFF_ESCAPES', 'MAN_DIRS', 'PER_FAMILY', 'KINDS', 'SET_FILES', 'digest', 'clean',
+           'stdlib_texts', 'topic_texts', 'roff_text', 'man_texts', 'prompts_of', 'PromptSetError', 'machine_sources',
+           'build', 'count_by', 'PromptSetCommand', 'parse_args', 'claim_out', 'write_prompt_set', 'main', 'cli']
 
 # %% ../nbs/01i_prompt_set.ipynb #3d7202eb
 SKIP = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "__main__", "xxsubtype", "test",
@@ -193,6 +193,7 @@ class PromptSetCommand:
     min_prompts: int = opt(5000, "fewer training prompts than this: exit 2", min=1)
     heldout_fraction: float = opt(0.05, "share of source texts held out (below 1)", min=0, check=_below_one)
     max_per_source: int = opt(2, "prompts (of different kinds) per source text", min=1)
+    replace: bool = opt(False, "replace another prompt set this program wrote in --out (its three files only)")
 
 _ABOUT = ("Build a prompt set from the text that ships with this machine (the standard library's docstrings and "
           "reference topics, the English manual pages), five kinds of prompt, held out by source text.")
@@ -201,25 +202,62 @@ def parse_args(argv=None) -> PromptSetCommand:
     "The `PromptSetCommand` of a `dflash-prompt-set` command line."
     return parse_cli(PromptSetCommand, argv, "dflash_nb.prompt_set", about=_ABOUT, flags=True)
 
+# %% ../nbs/01i_prompt_set.ipynb #e1c0c682
+SET_FILES = ("train.jsonl", "heldout.jsonl", "prompt_set.json")   # what this program writes, the manifest last
+_ROW = {"prompt", "kind", "source", "source_digest"}
+
+def _written_here(p: Path) -> bool:
+    "Whether `p`, at one of SET_FILES, is a regular file this program wrote, told by its content (read line by line)."
+    if not stat.S_ISREG(os.lstat(p).st_mode): return False              # a link, a FIFO, a dir: never opened
+    try:
+        if p.name == "prompt_set.json":
+            return {"train", "heldout", "sources_digest"} <= json.loads(p.read_text()).keys()
+        with open(p, encoding="utf-8") as f:
+            while line := f.readline(1 << 20):                          # a row is a few KB: a longer line is not ours
+                if json.loads(line).keys() != _ROW: return False
+        return True
+    except (OSError, ValueError, AttributeError, RecursionError): return False   # unreadable, not JSON, no object
+
+def claim_out(out: Path) -> dict | None:
+    "OutDirError unless each file of `out` at a name of SET_FILES was written by this program; its manifest (or None)."
+    if not out.exists(): return None
+    if not out.is_dir(): raise OutDirError(f"--out {out} is not a directory")
+    for name in SET_FILES:
+        if os.path.lexists(out / name) and not _written_here(out / name):
+            raise OutDirError(f"--out {out}: {name} was not written by dflash-prompt-set (or is damaged); "
+                              "choose another directory or move it away yourself (nothing was written)")
+    return json.loads((out / "prompt_set.json").read_text()) if (out / "prompt_set.json").exists() else None
+
 # %% ../nbs/01i_prompt_set.ipynb #44273fb0
+def _manifest(cfg: PromptSetCommand, s: dict) -> dict:
+    "What prompt_set.json records of the set `s` built for `cfg`."
+    return {"train": len(s["train"]), "heldout": len(s["heldout"]), "source_texts": s["sources"],
+            "sources_digest": s["sources_digest"], "python": sys.version.split()[0],
+            "train_by_family": count_by(s["train"], "family"), "train_by_kind": count_by(s["train"], "kind"),
+            "heldout_by_family": count_by(s["heldout"], "family"), "max_per_source": cfg.max_per_source,
+            "heldout_fraction": cfg.heldout_fraction}
+
 def write_prompt_set(cfg: PromptSetCommand, sources=None) -> dict:   # sources: None reads the machine's
     "Build the set `cfg` asks for and write it to `cfg.out`; the manifest (also printed as one JSON line)."
-    s = build(cfg.min_prompts, cfg.heldout_fraction, cfg.max_per_source, sources)
     out = Path(cfg.out)
+    old = claim_out(out)                                                 # before the sources are read
+    s = build(cfg.min_prompts, cfg.heldout_fraction, cfg.max_per_source, sources)
+    manifest = _manifest(cfg, s)
+    if old is not None and old != manifest and not cfg.replace:
+        differ = ", ".join(k for k in manifest if old.get(k) != manifest[k])
+        raise OutDirError(f"--out {out} holds another prompt set (differing in {differ}): choose another directory, "
+                          "or pass --replace to replace it (nothing was written)")
     out.mkdir(parents=True, exist_ok=True)
+    remove_killed_temps(out, "|".join(map(re.escape, SET_FILES)))       # no lock: only temps whose pid is gone
+    (out / "prompt_set.json").unlink(missing_ok=True)                   # no manifest while the files are replaced
     for side in ("train", "heldout"):
         atomic_write_text(out / f"{side}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in s[side]))
-    manifest = {"train": len(s["train"]), "heldout": len(s["heldout"]), "source_texts": s["sources"],
-                "sources_digest": s["sources_digest"], "python": sys.version.split()[0],
-                "train_by_family": count_by(s["train"], "family"), "train_by_kind": count_by(s["train"], "kind"),
-                "heldout_by_family": count_by(s["heldout"], "family"), "max_per_source": cfg.max_per_source,
-                "heldout_fraction": cfg.heldout_fraction}
     atomic_write_text(out / "prompt_set.json", json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
     return manifest
 
 def main(argv=None) -> dict:
-    "`dflash-prompt-set --out DIR [--min-prompts N] [--heldout-fraction F] [--max-per-source K]`."
+    "`dflash-prompt-set --out DIR [--min-prompts N] [--heldout-fraction F] [--max-per-source K] [--replace]`."
     return write_prompt_set(parse_args(argv))
 
 def cli():
