@@ -157,6 +157,8 @@ def parse_args(argv=None) -> EvalCommand:
     if a.data is not None and a.prompts is not None:
         raise ConfigError("--data and --prompts: give one of the two, not both (see --help)")
     if a.data is None and not a.prompts: raise ConfigError("--data or --prompts: required, not given (see --help)")
+    if "" in map(str, a.prompts or []):   # `--prompts ''` (an unset variable) would read the current directory
+        raise ConfigError("--prompts: an empty word names no file (an unset variable?); name each prompt file")
     return a
 
 # %% ../nbs/10a_evaluate.ipynb #c65179d2

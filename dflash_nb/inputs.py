@@ -117,10 +117,12 @@ def _regen_listed(d: Path) -> Optional[set]:
         raise InputError(f"input {d}: part {part[0]} of {part[1]} of a dflash-regen run (--shard-index); "
                          "merge the parts with dflash-regen --merge and read the merged directory")
     names = {f"shard-{j:05d}.jsonl" for j in range(-(-m["prompts"] // size))}
-    done = [n for n in names if f"{int(n[6:11])}" in shards and (d / n).is_file()]
-    if m.get("merging") or len(done) < len(names):
-        what = "an unfinished dflash-regen --merge" if m.get("merging") else "an unfinished dflash-regen run"
-        raise InputError(f"input {d}: {what} ({len(done)} of {len(names)} shards done); run it again to finish it")
+    merging = bool(m.get("merging"))   # a merge lists its shards at its end: what it copied so far is on disk
+    done = [n for n in names if (merging or f"{int(n[6:11])}" in shards) and (d / n).is_file()]
+    if merging or len(done) < len(names):
+        what = "an unfinished dflash-regen " + ("--merge" if merging else "run")
+        raise InputError(f"input {d}: {what} ({len(done)} of {len(names)} shards {'copied' if merging else 'done'}); "
+                         "run it again to finish it")
     return names
 
 # %% ../nbs/01b_inputs.ipynb #13f42f0c

@@ -56,6 +56,8 @@ CASES = [
     ("evaluate", "stray key=value", ["steps=2"] + EVAL, "unknown config key steps"),
     ("evaluate", "unknown engine", EVAL + ["--engine", "sglang"],
      "--engine: expected one of ['dflash_nb', 'vllm'], got 'sglang'"),
+    ("evaluate", "empty --prompts word", EVAL[:4] + ["--prompts", "{d}/q.jsonl", ""],   # '' would read the cwd
+     "--prompts: an empty word names no file (an unset variable?); name each prompt file"),
     ("evaluate", "vllm without prompts", ["--drafter", "{d}/drafter", "--target", "tiny", "--data", "{d}/data",
                                           "--engine", "vllm"], "--engine vllm: needs --prompts"),
     ("evaluate", "vllm, no target dir", ["--drafter", "{d}/drafter", "--target", "tiny", "--prompts", "{d}/q.jsonl",
