@@ -81,7 +81,7 @@ class CpuCheckConfig:
     vllm_variants: list[str] = opt(["old_defaults", "defaults"],
                                    f"regen_vllm: engine settings, of {', '.join(VLLM_VARIANTS)}",
                                    check=_one_of(tuple(VLLM_VARIANTS)))
-    load_timeout: float = opt(900.0, "regen_vllm: seconds an engine may take to load", gt=0)
+    load_timeout: float = opt(900.0, "regen_vllm: seconds an engine may take to load", min=10, max=86400)
     threads: Optional[int] = opt(None, "torch intra-op threads (default: torch's, one per core)", min=1, max=4096)
 
 _ABOUT = ("How fast this CPU runs each stage of training a drafter, as a fraction of its own matmul rate: the target's "

@@ -30,7 +30,7 @@ class GpuCheckError(ExpectedError):
 class GpuCheckConfig:
     "What `dflash-gpu-check` takes."
     budget: int | None = opt(None, "wall-clock seconds for everything (default 400, plus step tp's plan where "
-                                   "there are >= 2 CUDA devices)", min=1)
+                                   "there are >= 2 CUDA devices)", min=1, max=86400)
     out: str | None = opt(None, "where the JSON files go: a directory holding only this check's files (default "
                                 "bench/results/ of the checkout; with --dry-run a new temporary directory); with "
                                 "--step, the step's JSON file")
@@ -43,7 +43,7 @@ class GpuCheckConfig:
     backend: str = opt("auto", "step pipeline: the drafter's attention backend (auto: the trainer's probe)")
     step: str | None = opt(None, "run one step in this process into --out FILE", check=lambda v, cfg: None
                            if v is None or v in STEPS else f"one of {', '.join(STEPS)}")   # parse_cli adds the value
-    deadline_s: float = opt(600.0, "with --step: the seconds the step may use", gt=0)
+    deadline_s: float = opt(600.0, "with --step: the seconds the step may use", min=1, max=86400)
 
 _ABOUT = ("Check a GPU box before a long run: attention parity and speed, pipeline step costs, the target forward's "
           "TFLOP/s, pytest -m gpu; one short window, every step under the time plan.")

@@ -135,8 +135,9 @@ class DataConfig:
                "the files this program wrote are deleted)")
     s3_endpoint_url: Optional[str] = opt(None, "S3 endpoint URL (None: boto3's default chain, e.g. AWS_ENDPOINT_URL)")
     s3_page_size: int = opt(1000, "keys per S3 list request", min=1, max=1000)
-    s3_retries: int = opt(5, "retries of a failed S3 request or interrupted read, with exponential backoff", min=0)
-    s3_backoff_s: float = opt(0.5, "first S3 retry delay in seconds; doubles on each retry", min=0)
+    s3_retries: int = opt(5, "retries of a failed S3 request or interrupted read, with exponential backoff", min=0,
+                           max=30)
+    s3_backoff_s: float = opt(0.5, "first S3 retry delay in seconds; doubles on each retry", min=0, max=3600)
     max_examples: int = opt(5, "malformed-input examples kept per kind in the manifest", min=0)
 
     def template_kwargs(self) -> dict:

@@ -13,7 +13,7 @@ from .model import DrafterConfig
 from .target import tiny_target
 
 # %% auto #0
-__all__ = ['TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'lr_factor']
+__all__ = ['DAY_S', 'TargetConfig', 'OptimConfig', 'LossConfig', 'TrainConfig', 'lr_factor']
 
 # %% ../nbs/08c_train_config.ipynb #f08506f4
 def _tiny_keys() -> dict:
@@ -81,6 +81,9 @@ class LossConfig:
                                      "recomputed in the loss from its final hidden state (every target layer runs); 0 "
                                      "= off", min=0, max=1)
 
+# %% ../nbs/08c_train_config.ipynb #6c01bc37
+DAY_S = 24 * 3600   # seconds: the longest wait a trainer setting may ask for (sigterm_wait_s, collective_timeout_s)
+
 # %% ../nbs/08c_train_config.ipynb #d2031cad
 @dataclass
 class TrainConfig:
@@ -109,10 +112,11 @@ class TrainConfig:
     report_to: list[str] = opt([], "trackers besides metrics.jsonl (always written): tensorboard "
                                    "(run_dir/tensorboard), wandb (offline unless WANDB_MODE is set)")
     sigterm_wait_s: float = opt(60.0, "after SIGTERM, how long the step in progress may take to reach its boundary "
-                                      "(checkpointed there); past it the step is abandoned and the run exits", gt=0)
+                                      "(checkpointed there); past it the step is abandoned and the run exits", min=1,
+                                max=DAY_S)
     collective_timeout_s: float = opt(1800.0, "how long a collective (the drafter's gradient all-reduce, a split "
                                               "target's per-layer all-reduce) waits for a missing rank before the "
-                                              "run fails in one line; resume with resume=auto", gt=0, max=86400)
+                                              "run fails in one line; resume with resume=auto", min=5, max=DAY_S)
     max_nonfinite: int = opt(20, "stop after this many non-finite steps in a row (last good checkpoint kept)", min=1)
     resume: Optional[str] = opt(None, "resume from: a checkpoint dir, a run or checkpoints dir (its `latest`), "
                                       "s3://bucket/prefix, or 'auto' (this run_dir if it has one)")

@@ -38,6 +38,11 @@ def _one_line(capsys, prog: str) -> str:
     ("train: {steps: 3\n", [], "not valid YAML"),
     ("train: !!python/object/apply:os.system [echo]\n", [], "not valid YAML"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\xff", [], "a binary file"),
+    # waits no clock can count, or that nothing can meet (each was a traceback: a watchdog thread's OverflowError, a
+    # DistStoreError inside init_process_group)
+    ("", ["train.sigterm_wait_s=1e308"], "train.sigterm_wait_s: must be <= 86400, got 1e+308"),
+    ("", ["train.collective_timeout_s=0.001"], "train.collective_timeout_s: must be >= 5, got 0.001"),
+    ("", ["train.checkpoint.s3_backoff=1e308"], "train.checkpoint.s3_backoff: must be <= 3600, got 1e+308"),
 ])
 def test_train_config_failures_are_one_line(tmp_path, capsys, text, overrides, words):
     cfg = tmp_path / "run.yaml"
@@ -45,6 +50,31 @@ def test_train_config_failures_are_one_line(tmp_path, capsys, text, overrides, w
     assert train_mod.main(["--config", str(cfg), *overrides]) == 2
     line = _one_line(capsys, "python -m dflash_nb.train")
     assert words in line and (overrides or str(cfg) in line), line
+
+
+def test_train_help_says_the_bounds_of_every_wait(capsys):
+    with pytest.raises(SystemExit): train_mod.main(["--help"])
+    out = capsys.readouterr().out
+    for said in ("train.sigterm_wait_s (float, default 60.0, >= 1, <= 86400)",
+                 "train.collective_timeout_s (float, default 1800.0, >= 5, <= 86400)",
+                 "train.checkpoint.s3_backoff (float, default 1.0, >= 0, <= 3600)"):
+        assert said in out, said
+
+
+@pytest.mark.parametrize("module,argv,words", [
+    ("cpu_check", ["--target", "t", "--load-timeout", "1e308"], "--load-timeout: must be <= 86400, got 1e+308"),
+    ("cpu_check", ["--target", "t", "--load-timeout", "0.001"], "--load-timeout: must be >= 10, got 0.001"),
+    ("gpu_check", ["--dry-run", "--budget", "99999999"], "--budget: must be <= 86400, got 99999999"),
+    ("gpu_check", ["--step", "env", "--deadline-s", "1e308"], "--deadline-s: must be <= 86400, got 1e+308"),
+    ("data", ["--input", "x", "--tokenizer", "t", "--out", "o", "--s3-backoff-s", "1e308"],
+     "--s3-backoff-s: must be <= 3600, got 1e+308"),
+])
+def test_other_commands_waits_are_bounded(capsys, module, argv, words):
+    "Every wait of every command has a ceiling a clock can count (a day for a run, an hour for a retry's backoff)."
+    import importlib
+    mod = importlib.import_module(f"dflash_nb.{module}")
+    assert run_cli(mod.main, argv, prog=f"dflash_nb.{module}") == 2   # the console scripts' one way to fail
+    assert words in capsys.readouterr().err, words
 
 
 def test_data_chat_template_kwargs_too_deep(tmp_path, capsys):
