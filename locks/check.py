@@ -11,12 +11,17 @@ The loose requirements are what a user's `pip install dflash_nb` asks for (setti
 gguf_requirements) plus the tested toolchain pins of locks/train.in; for the serving venv, locks/serving.in. A lock is
 the exact set `make install` / `make serving` install (`pip install --no-deps -r`), written by `make lock`. Someone who
 edits one side and not the other (a new requirement without a pin, a pin outside a bound) is told which package, and so
-is one who tampers with a lock: a package pinned twice, or a pin removed that another pinned package needs (the lock's
-`# via` lines name who needs whom; a removed leaf is caught after the install, by `--installed`, from uv's own
-`uv pip check`, since `make install` installs `--no-deps` and nothing would bring it back). A lock or requirements file
-that is missing, not text, or not requirements is one line too, exit 2.
+is one who tampers with a lock: a package pinned twice, or a pin removed that another pinned package needs. Who needs
+whom comes from two places: the lock's own `# via` lines (a removed package that others were listed under), and the
+installed metadata (`Requires-Dist`) of the pinned versions in the venv the lock is installed into (.venv,
+.venv-serving), which names a removed leaf too: its `# via` lines left with it, but the package that needs it still
+says so. Where no venv holds a pinned version yet (a fresh machine), a removed leaf is caught after the install, by
+`--installed`, from uv's own `uv pip check`, since `make install` installs `--no-deps` and nothing would bring it back.
+A lock or requirements file that is missing, not text, or not requirements is one line too, exit 2.
 Runs on the machine's python before any venv exists: packaging from pip's vendored copy when not installed.
 """
+from __future__ import annotations
+
 import configparser
 import re
 import subprocess
@@ -24,17 +29,21 @@ import sys
 from pathlib import Path
 
 try:
+    from packaging.markers import default_environment
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
-    from packaging.version import Version
+    from packaging.version import InvalidVersion, Version
 except ImportError:                                         # a bare python: pip carries its own copy
+    from pip._vendor.packaging.markers import default_environment
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
     from pip._vendor.packaging.utils import canonicalize_name
-    from pip._vendor.packaging.version import Version
+    from pip._vendor.packaging.version import InvalidVersion, Version
 
 LOCKS = Path(__file__).resolve().parent
 REPO = LOCKS.parent
 SETTINGS_KEYS = ("requirements", "dev_requirements", "gguf_requirements")
+VENVS = {"train.txt": ".venv", "serving.txt": ".venv-serving"}   # where `make install` / `make serving` put each lock
+# (the Makefile's VENV and SERVING_VENV); locks/gpu.txt is compiled --no-deps: what its pins need is the machine's
 
 
 class Unreadable(Exception):
@@ -138,8 +147,61 @@ def tampered(lock: Path) -> list[str]:
     return problems
 
 
-def mismatches(lock: Path, loose: list[tuple[str, str]]) -> list[str]:
-    "One line per loose requirement (source, text) that the lock's pins do not satisfy."
+def installed(venv: Path) -> tuple[dict, dict]:
+    """(name -> (version, its Requires-Dist lines) of every distribution installed in `venv`, the marker environment
+    of the venv's python); ({}, {}) where there is no venv."""
+    import email.parser
+    cfg = venv / "pyvenv.cfg"
+    if not cfg.is_file(): return {}, {}
+    found = re.search(r"(?m)^version(?:_info)?\s*=\s*(\d+\.\d+\.\d+)", cfg.read_text(errors="replace"))
+    env = dict(default_environment())
+    if found: env.update(python_full_version=found.group(1), python_version=".".join(found.group(1).split(".")[:2]))
+    dists = {}
+    for meta in venv.glob("lib/python*/site-packages/*.dist-info/METADATA"):
+        head = email.parser.HeaderParser().parsestr(meta.read_text(encoding="utf-8", errors="replace"))
+        if head["Name"] and head["Version"]:
+            dists[canonicalize_name(head["Name"])] = (head["Version"], head.get_all("Requires-Dist") or [])
+    return dists, env
+
+
+def _same_version(a: str, b: str) -> bool:
+    "Whether two versions are one release (a local label such as torch's +cpu aside)."
+    try: return Version(a).public == Version(b).public
+    except InvalidVersion: return False
+
+
+def _needs(text: str, env: dict, extras: set) -> Requirement | None:
+    "The Requires-Dist line `text` as a requirement where it applies here (its marker, with `extras` requested)."
+    try: req = Requirement(text)
+    except InvalidRequirement: return None
+    if req.marker is None or any(req.marker.evaluate({**env, "extra": e}) for e in ["", *sorted(extras)]): return req
+    return None
+
+
+def lost(lock: Path, venv: Path, loose: list[tuple[str, str]] = ()) -> list[str]:
+    """A package that a pinned one needs, by the installed metadata of the pinned version in `venv`, yet the lock does
+    not pin (one line each); nothing for a package installed at another version, or where there is no venv."""
+    pinned, (dists, env) = pins(lock), installed(venv)
+    skip, extras = not_emitted(lock.resolve().parent.parent), {}
+    for source, text in loose:                              # `pkg[extra]` asked by settings.ini or a .in file
+        req = requirement(text, source)
+        extras.setdefault(canonicalize_name(req.name), set()).update(req.extras)
+    needed, grew = {}, True
+    while grew:                                             # until no package asks a new extra of another
+        grew = False
+        for name, version in pinned.items():
+            if name not in dists or not _same_version(dists[name][0], version): continue
+            for req in filter(None, (_needs(t, env, extras.get(name, set())) for t in dists[name][1])):
+                dep = canonicalize_name(req.name)
+                if dep not in pinned and dep not in skip: needed.setdefault(dep, {})[f"{name}=={version}"] = None
+                grew |= not set(req.extras) <= extras.get(dep, set())
+                extras.setdefault(dep, set()).update(req.extras)
+    return [f"{_name(lock)}: {dep} has no pin, yet {', '.join(who)} needs it (its metadata in {venv.name}; "
+            "removed?); run `make lock`" for dep, who in needed.items()]
+
+
+def mismatches(lock: Path, loose: list[tuple[str, str]], venv: Path | None = None) -> list[str]:
+    "One line per loose requirement (source, text) that the lock's pins do not satisfy, or pin the lock lost."
     pinned, problems, missing = pins(lock), [], set()
     name = _name(lock)
     for source, text in loose:
@@ -152,19 +214,23 @@ def mismatches(lock: Path, loose: list[tuple[str, str]]) -> list[str]:
             problems.append(f"{name}: no pin for {req.name} ({source} asks {text}); run `make lock`")
         elif not req.specifier.contains(Version(version), prereleases=True):
             problems.append(f"{name}: pins {req.name}=={version}, but {source} asks {text}; run `make lock`")
-    # a loose requirement without a pin is said once, not again as the parent of what it needs
-    return [p for p in tampered(lock) if p.split(": ", 1)[1].split(" ", 1)[0] not in missing] + problems
+    # a loose requirement without a pin is said once, not again as the parent of what it needs or as a lost pin
+    named = lambda p: p.split(": ", 1)[1].split(" ", 1)[0]
+    said = [p for p in tampered(lock) if named(p) not in missing]
+    said += [p for p in (lost(lock, venv, loose) if venv else []) if named(p) not in missing | set(map(named, said))]
+    return said + problems
 
 
-def check(repo: Path = REPO) -> list[str]:
-    "Every mismatch between the locks and their loose requirements (an empty list when all hold)."
-    locks = repo / "locks"
+def check(repo: Path = REPO, venvs: dict | None = None) -> list[str]:
+    """Every mismatch between the locks and their loose requirements (an empty list when all hold); `venvs`: lock file
+    name -> the venv whose installed metadata says what its pins need (default: `VENVS` in `repo`)."""
+    locks, venvs = repo / "locks", {k: repo / v for k, v in VENVS.items()} if venvs is None else venvs
     train = [("settings.ini", r) for r in settings_requirements(repo / "settings.ini")]
     train += [("locks/train.in", r) for r in requirement_lines(locks / "train.in")]
     serving = [("locks/serving.in", r) for r in requirement_lines(locks / "serving.in")]
     gpu = [("locks/gpu.in", r) for r in requirement_lines(locks / "gpu.in")]
-    return (mismatches(locks / "train.txt", train) + mismatches(locks / "serving.txt", serving)
-            + mismatches(locks / "gpu.txt", gpu))
+    return (mismatches(locks / "train.txt", train, venvs.get("train.txt"))
+            + mismatches(locks / "serving.txt", serving, venvs.get("serving.txt")) + mismatches(locks / "gpu.txt", gpu))
 
 
 def installed_problems(report: str, allowed: list[str], repo: Path = REPO) -> list[str]:

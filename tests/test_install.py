@@ -3,8 +3,9 @@
 - The project's top-level folders never shadow an installed distribution: `kernels/` (the Triton source) has no
   `__init__.py`, so Hugging Face's `kernels` package, which transformers >= 5.25 imports, wins from the repo root too.
 - The locks answer the loose requirements (locks/check.py), and a lock edited out of line is named in one line: a pin
-  outside a bound, a package pinned twice, a pin removed that another pinned package needs; a lock that is missing, not
-  text or not requirements is one line, exit 2; an installed venv that misses what a package needs is named.
+  outside a bound, a package pinned twice, a pin removed that another pinned package needs (by the lock's `# via` lines,
+  or a leaf by the installed metadata of the locked versions); a lock that is missing, not text or not requirements is
+  one line, exit 2; an installed venv that misses what a package needs is named.
 - A failing install is one line naming the package (locks/install.sh), or the log when it is the log that fails.
 - The venv the suite runs in holds the locked versions of the packages that matter, and the README names them.
 """
@@ -110,6 +111,24 @@ def test_a_tampered_lock_is_named(tmp_path):
     lock.write_text(text.replace("\nargon2-cffi==25.1.0\n", "\n"))
     assert locks_check.check(repo) == ["locks/train.txt: argon2-cffi has no pin, yet the lock says it needs "
                                        "argon2-cffi-bindings (removed?); run `make lock`"]
+
+
+def test_a_lock_that_lost_a_leaf_is_named(tmp_path):
+    """absl-py removed with its `# via tensorboard` line: no `# via` names it any more, but tensorboard's installed
+    metadata (the locked version, in .venv) still needs it; the command says so in one line, exit 1."""
+    repo = _copy_for_edit(tmp_path)
+    lock = repo / "locks" / "train.txt"
+    text = lock.read_text()
+    assert "\nabsl-py==2.5.1\n    # via tensorboard\n" in text   # a leaf: no other pin lists it under `# via`
+    lock.write_text(text.replace("\nabsl-py==2.5.1\n    # via tensorboard\n", "\n"))
+    tensorboard = locks_check.pins(lock)["tensorboard"]
+    said = (f"locks/train.txt: absl-py has no pin, yet tensorboard=={tensorboard} needs it (its metadata in .venv; "
+            "removed?); run `make lock`")
+    assert locks_check.check(repo) == []                               # no venv of this copy: nothing to read yet
+    assert locks_check.check(repo, venvs={"train.txt": REPO / ".venv"}) == [said]
+    (repo / ".venv").symlink_to(REPO / ".venv")                        # the copy's own venv, as `make install` makes
+    out = subprocess.run([sys.executable, str(repo / "locks" / "check.py")], capture_output=True, text=True)
+    assert out.returncode == 1 and out.stdout == said + "\n", out
 
 
 @pytest.mark.parametrize("case, edit, says", [
