@@ -352,8 +352,8 @@ def claim_out(cfg: GpuCheckConfig) -> Path:
     temps = [p for p in entries if (m := _TEMP.fullmatch(p.name)) and m[1] in RESULT_FILES and not p.is_symlink()]
     if foreign := [p.name for p in entries if p not in temps and
                    (not ours(p) if p.name in RESULT_FILES else not shared)]:
-        raise OutDirError(f"{out} holds files dflash-gpu-check did not write ({', '.join(foreign[:5])}): move them "
-                          "away or pick another --out (nothing was written)")
+        raise OutDirError(f"{out} holds files dflash-gpu-check did not write ({', '.join(foreign[:5])}): "
+                          "move them away or pick another --out (nothing was written)")
     try: out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GpuCheckError(f"cannot create the output directory {out}: {short_error(e, 120)}") from None
