@@ -29,7 +29,8 @@
     python bench/speedup.py --run R --target T --drafter EXPORT --prompts HELD_OUT.jsonl --heldout DATA --no-cost \
         --fit --serve-dtypes float32 bfloat16 --k 1 2 3 4 --batch 1 4 16 --out bench/results/speedup-cpu.json
 
-Writes bench/results/speedup-cpu.json (or --out) after each part.
+Writes bench/results/speedup-cpu.json (or --out) after each part. With --no-cost the stages already in --out are kept
+and a cut run resumes: checkpoints on the curve and serve dtypes whose sweep (and fit) finished are not measured again.
 """
 from __future__ import annotations
 import argparse, json, os, platform, subprocess, sys, tempfile, time
@@ -260,6 +261,8 @@ def main(argv=None) -> int:
                "head_dim", "intermediate_size", "vocab_size")}},
            "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
+    for k in ("data", "sweeps", "sweep", "best", "sweep_command", "export"):   # stages of a resumable run, kept
+        if k in prev: out[k] = prev[k]
     if a.prompt_set: out["prompt_set"] = json.loads(Path(a.prompt_set).read_text())
     elif prev.get("prompt_set"): out["prompt_set"] = prev["prompt_set"]
     pp = trained["per_position"] or []
@@ -286,6 +289,10 @@ def main(argv=None) -> int:
             tmp = Path(tmp)
             prompts = sweep_prompts(run_dir, a.prompts, Path(a.heldout) if a.heldout else None, tmp)
             for dt in a.serve_dtypes:
+                done = out.get("sweeps", {}).get(dt, {})
+                if "load_end" in done and (not a.fit or "fit" in done):   # finished in --out: a cut run resumes here
+                    print(f"sweep {dt}: kept from {a.out}", flush=True)
+                    continue
                 out.setdefault("sweeps", {})[dt] = got = {"load_start": load()}
                 got["trained"], out["sweep_command"] = sweep(run_dir, target, drafter, prompts, a.k, a.batch, dt,
                                                              a.max_new_tokens, a.max_prompts, tmp, a.threads)
