@@ -378,14 +378,9 @@ def own_shards(man: dict) -> list[int]:
     return [j for j in range(-(-man["prompts"] // man["shard_size"])) if j % n == i]
 
 def changed_shards(man: dict, out_dir) -> list[str]:
-    "Finished shards whose file no longer has the bytes the manifest hashed (cut short, edited): dropped from `man`."
-    bad = []
-    for k, st in list(man["shards"].items()):
-        f = Path(out_dir) / shard_name(int(k))
-        if "sha256" in st and f.is_file() and hashlib.sha256(f.read_bytes()).hexdigest() != st["sha256"]:
-            bad.append(f.name)
-            del man["shards"][k]
-    return bad
+    "Finished shards whose file no longer has the bytes the manifest hashed (cut short or edited since)."
+    listed = [(Path(out_dir) / shard_name(int(k)), st.get("sha256")) for k, st in man["shards"].items()]
+    return [f.name for f, sha in listed if sha and f.is_file() and hashlib.sha256(f.read_bytes()).hexdigest() != sha]
 
 # %% ../nbs/01h_regen.ipynb #1fc011f7
 def unlisted_files(man: dict, out_dir) -> list[str]:
@@ -797,12 +792,15 @@ def run_regen(a: RegenCommand) -> int:
         if lock.taken_over: print(f"note: took over the lock of pid {lock.taken_over.get('pid')} (no longer running)")
         man = open_manifest(out, prompts, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
                             (a.shard_index, a.num_shards))
-        for name in changed_shards(man, out): print(f"note: {out / name} is not what was written (cut short or "
-                                                   "edited since): writing it again", flush=True)
+        if changed := changed_shards(man, out):  # a finished result someone changed: never written over
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ConfigError(f"{out / changed[0]}{more}: not the bytes {MANIFEST} lists (cut short or edited since); "
+                              "delete it to have it written again (nothing was changed)")
         for name in unlisted_files(man, out): print(_stray_note(out / name), flush=True)
         if note := tensor_parallel_note(man, a.tensor_parallel_size): print(note, flush=True)
+        mine = len(own_shards(man))             # done: listed and on disk (a deleted shard is pending again)
         print(f"{len(prompts):,} prompts ({', '.join(f'{k}: {v:,}' for k, v in prompts.counts.items())}); "
-              f"{len(man['shards'])} of {len(own_shards(man))} shards done in {out}", flush=True)
+              f"{mine - len(pending_shards(man, out))} of {mine} shards done in {out}", flush=True)
         if prompts.repeats: print(f"  {prompts.repeats:,} duplicated prompts dropped (the first kept), e.g. "
                                   f"{prompts.repeated[0][0]} repeats {prompts.repeated[0][1]}", flush=True)
         if a.threads: torch.set_num_threads(a.threads)

@@ -165,14 +165,20 @@ def test_bad_out_dirs_are_refused_before_the_engine(small, tmp_path):
     assert (tmp_path / "precious").read_text() == "keep me\n" and os.listdir(tmp_path / "data") == ["manifest.json"]
 
 
-def test_a_shard_cut_short_after_it_was_written_is_written_again(small, tmp_path):
-    "A finished shard whose bytes no longer match the manifest's hash is not counted as done: the rerun rewrites it."
+def test_a_shard_changed_after_it_was_written_is_refused_and_kept(small, tmp_path):
+    "A finished shard whose bytes no longer match the manifest's hash: one line, exit 2, nothing written; deleted, it is rewritten."
     args, d = small
     shutil.copytree(d / "whole", tmp_path / "o")
     f = tmp_path / "o" / "shard-00003.jsonl"
     f.write_bytes(f.read_bytes()[:-10])
+    before = {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()}
+    rc, out, err = run_main(*args(tmp_path / "o"))
+    assert rc == 2 and err.count("\n") == 1 and f"{f}: not the bytes regen.manifest lists" in err, err
+    assert "loading the target" not in out + err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "o").iterdir()} == before
+    f.unlink()
     rc, out, _ = run_main(*args(tmp_path / "o"))
-    assert rc == 0 and f"note: {f} is not what was written" in out and "7 of 8 shards done" in out, out
+    assert rc == 0 and "7 of 8 shards done" in out, out
     assert shards(tmp_path / "o") == shards(d / "whole")
 
 
