@@ -26,10 +26,10 @@ from .serving import VLLMEngine, ServingError, ServingUnavailable, MAX_TIMEOUT_S
 __all__ = ['MANIFEST', 'WRITES', 'LOCK', 'MAX_THREADS', 'SEED_MAX', 'read_prompts', 'float32_on_cpu', 'CompletionCheck',
            'Sampling', 'recommended_sampling', 'generation_config', 'end_ids', 'HFEngine', 'generate',
            'check_completions', 'regenerate', 'shard_name', 'prompts_sha', 'open_manifest', 'regenerate_shards',
-           'pending_shards', 'own_shards', 'changed_shards', 'unlisted_files', 'totals', 'PromptSpool', 'spool_prompts',
-           'context_length', 'check_out_dir', 'RegenLock', 'merge_parts', 'run_identity', 'auto_dtype', 'open_engine',
-           'tensor_parallel_note', 'main', 'cli', 'serving_errors', 'GenerateConfig', 'timeout_opt', 'RegenCommand',
-           'parse_args', 'run_settings', 'run_regen', 'summary']
+           'pending_shards', 'own_shards', 'changed_shards', 'refuse_changed_shards', 'unlisted_files', 'totals',
+           'PromptSpool', 'spool_prompts', 'context_length', 'check_out_dir', 'RegenLock', 'merge_parts',
+           'run_identity', 'auto_dtype', 'open_engine', 'tensor_parallel_note', 'main', 'cli', 'serving_errors',
+           'GenerateConfig', 'timeout_opt', 'RegenCommand', 'parse_args', 'run_settings', 'run_regen', 'summary']
 
 # %% ../nbs/01h_regen.ipynb #a560a538
 def read_prompts(path) -> list[list[dict]]:
@@ -381,6 +381,13 @@ def changed_shards(man: dict, out_dir) -> list[str]:
     "Finished shards whose file no longer has the bytes the manifest hashed (cut short or edited since)."
     listed = [(Path(out_dir) / shard_name(int(k)), st.get("sha256")) for k, st in man["shards"].items()]
     return [f.name for f, sha in listed if sha and f.is_file() and hashlib.sha256(f.read_bytes()).hexdigest() != sha]
+
+def refuse_changed_shards(man: dict, out_dir):
+    "Raise `ConfigError` naming the first of `changed_shards`: one line, before anything is written."
+    if changed := changed_shards(man, out_dir):
+        more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+        raise ConfigError(f"{Path(out_dir) / changed[0]}{more}: not the bytes {MANIFEST} lists (cut short or edited "
+                          "since); delete it to have it written again (nothing was changed)")
 
 # %% ../nbs/01h_regen.ipynb #1fc011f7
 def unlisted_files(man: dict, out_dir) -> list[str]:
@@ -792,10 +799,7 @@ def run_regen(a: RegenCommand) -> int:
         if lock.taken_over: print(f"note: took over the lock of pid {lock.taken_over.get('pid')} (no longer running)")
         man = open_manifest(out, prompts, run_settings(a, target, tok, data_cfg, sampling), a.shard_size, a.replace,
                             (a.shard_index, a.num_shards))
-        if changed := changed_shards(man, out):  # a finished result someone changed: never written over
-            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-            raise ConfigError(f"{out / changed[0]}{more}: not the bytes {MANIFEST} lists (cut short or edited since); "
-                              "delete it to have it written again (nothing was changed)")
+        refuse_changed_shards(man, out)          # a finished result someone changed: never written over
         for name in unlisted_files(man, out): print(_stray_note(out / name), flush=True)
         if note := tensor_parallel_note(man, a.tensor_parallel_size): print(note, flush=True)
         mine = len(own_shards(man))             # done: listed and on disk (a deleted shard is pending again)
