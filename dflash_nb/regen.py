@@ -386,8 +386,8 @@ def refuse_changed_shards(man: dict, out_dir):
     "Raise `ConfigError` naming the first of `changed_shards`: one line, before anything is written."
     if changed := changed_shards(man, out_dir):
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise ConfigError(f"{Path(out_dir) / changed[0]}{more}: not the bytes {MANIFEST} lists (cut short or edited "
-                          "since); delete it to have it written again (nothing was changed)")
+        raise ConfigError(f"{Path(out_dir) / changed[0]}{more}: not the bytes {MANIFEST} lists "
+                          "(cut short or edited since); delete it to have it written again (nothing was changed)")
 
 # %% ../nbs/01h_regen.ipynb #1fc011f7
 def unlisted_files(man: dict, out_dir) -> list[str]:
