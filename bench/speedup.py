@@ -261,7 +261,7 @@ def main(argv=None) -> int:
                "head_dim", "intermediate_size", "vocab_size")}},
            "drafter_training": trained, "load_start": load(), "note": a.note, "threads": a.threads,
            "cost_model": prev.get("cost_model", {})}
-    for k in ("data", "sweeps", "sweep", "best", "sweep_command", "export"):   # stages of a resumable run, kept
+    for k in ("data", "comparisons", "sweeps", "sweep", "best", "sweep_command", "export"):   # kept: earlier stages
         if k in prev: out[k] = prev[k]
     if a.prompt_set: out["prompt_set"] = json.loads(Path(a.prompt_set).read_text())
     elif prev.get("prompt_set"): out["prompt_set"] = prev["prompt_set"]

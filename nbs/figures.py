@@ -292,6 +292,9 @@ def tau_curve_and_fit(res: dict):
         else: fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.5, 3.6), dpi=DPI)
         steps = [r["step"] for r in curve]
         a1.plot(steps, [r["tau"] for r in curve], "o-", color="tab:blue", ms=4, label="τ, block 8 (held-out walk)")
+        for c in (res.get("comparisons") or {}).values():   # the recipe's losers, measured on the same held-out walk
+            a1.plot([r["step"] for r in c["tau_curve"]], [r["tau"] for r in c["tau_curve"]], "o:", color="0.55", ms=3,
+                    label=f"τ, {c['label']}")
         for i, color in ((0, "tab:green"), (1, "tab:orange"), (2, "tab:red")):
             a1.plot(steps, [r["per_position"][i] for r in curve], "s--", color=color, ms=3, lw=1,
                     label=f"slot {i + 1} accepted")
