@@ -560,6 +560,8 @@ def _prompt_paths(specs) -> list[str]:
 def merge_parts(parts, out) -> dict:
     "Check that `parts` (dirs of `--shard-index` runs) are one run's, complete, each shard once; copy them into `out`."
     out = Path(out)
+    if "" in map(str, parts):                       # `--merge ''` (an unset variable) would read the current directory
+        raise ConfigError("--merge: an empty word names no part (an unset variable?); name each part's directory")
     clear_of_inputs(out, {"--merge": parts})            # never into (or around) a part: it would be read twice
     mans = [(Path(p), _manifest_on_disk(check_out_dir(p))) for p in parts]
     if missing := [str(p) for p, m in mans if m is None]:

@@ -384,6 +384,8 @@ def test_a_command_never_writes_where_it_reads(small, tmp_path):
         rc, _, err = run_main("--merge", *parts, "--out", out)
         assert rc == 2 and err.count("\n") == 1 and said in err, err
     assert not (parts[0] / "sub").exists() and not (tmp_path / MANIFEST).exists()
+    rc, _, err = run_main("--merge", parts[0], "", "--out", tmp_path / "e")   # '' (an unset variable): not the cwd
+    assert rc == 2 and err.count("\n") == 1 and "--merge: an empty word names no part" in err, err
     rc, out, _ = run_main("--merge", *parts, "--out", tmp_path / "merged")   # a part's stray: noted, not copied
     assert rc == 0 and f"note: {parts[1] / 'shard-00042.jsonl'} is not a shard of this run" in out, out
     assert shards(tmp_path / "merged") == shards(d / "whole")
