@@ -11,10 +11,10 @@
 
    and the τ at which the drafter breaks even is verify(k + 1) + drafter(k + 1) (both relative to a 1-token step).
 2. Sweep (vLLM CPU, the serving environment): `dflash-eval --engine vllm --num-speculative-tokens K... --batch-size
-   1 16` on the run's held-out prompts (answers removed), greedy: per cell vLLM's acceptance length, output tokens/s
+   1 16` on the held-out prompts of --prompts, greedy: per cell vLLM's acceptance length, output tokens/s
    without and with the drafter (the plain engine measured just before in the same run), identical outputs.
 
-    python bench/speedup.py --run runs/smollm2 --target models/smollm2
+    python bench/speedup.py --run runs/smollm2 --target models/smollm2 --prompts HELD_OUT.jsonl
     python bench/speedup.py --run runs/smollm2 --target models/smollm2 --no-sweep      # the cost model only
     python bench/speedup.py --run R --target T --no-cost --no-sweep --curve --heldout DATA   # the τ curve only
 
@@ -174,22 +174,18 @@ def sweep_prompts(run_dir: Path, prompts: str | None, heldout: Path | None, tmp:
     if prompts:   # a prompt file of its own (no answers in it): the template kwargs of the tokenized held-out data
         man = heldout / "manifest.json" if heldout else None
         kwargs = (json.loads(man.read_text()).get("template_kwargs") or {}) if man and man.exists() else {}
-        return Path(prompts), kwargs, {"prompt_file": Path(prompts).name}
-    from serving import heldout_prompts
-    path, n, leaks, kwargs = heldout_prompts(run_dir, tmp)
-    print(f"{n} held-out prompts, {leaks} of them holding their reference answer's text (recorded, not dropped)")
-    return path, kwargs, {"prompts_holding_answer": leaks}
+        return Path(prompts).resolve(), kwargs, {"prompt_file": Path(prompts).name}
+    raise SystemExit("--prompts: needed (a held-out prompt file, e.g. dflash-prompt-set's heldout.jsonl)")
 
 
 def sweep(run_dir: Path, target: Path, drafter: Path, prompts: tuple, ks, batches, dtype: str, max_new_tokens: int,
           max_prompts: int, tmp: Path, threads: int | None = None) -> tuple[dict, list]:
     "The real console script's sweep of `drafter` on the held-out `prompts` (`sweep_prompts`); its JSON and command."
-    from serving import eval_cmd
     path, kwargs, about = prompts
-    cmd = eval_cmd(target, run_dir, path, max_new_tokens, kwargs, tmp / "eval.json", "--max-prompts",
-                   str(max_prompts), "--dtype", dtype, "--num-speculative-tokens", *map(str, ks), "--batch-size",
-                   *map(str, batches))
-    cmd[cmd.index("--drafter") + 1] = str(drafter)
+    cmd = [str(Path(sys.executable).parent / "dflash-eval"), "--engine", "vllm", "--target", str(target), "--drafter",
+           str(drafter), "--prompts", str(path), "--max-new-tokens", str(max_new_tokens), "--chat-template-kwargs",
+           json.dumps(kwargs), "--max-prompts", str(max_prompts), "--dtype", dtype, "--num-speculative-tokens",
+           *map(str, ks), "--batch-size", *map(str, batches), "--json", str(tmp / "eval.json")]
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     res = json.loads((tmp / "eval.json").read_text())
@@ -233,8 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4, 7], help="num_speculative_tokens to sweep")
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--serve-dtypes", nargs="+", default=["bfloat16"], help="the dtypes vLLM serves in, a sweep each")
-    ap.add_argument("--prompts", default=None, help="held-out prompt file for the sweep (default: the run's "
-                    "held-out conversations, answers removed)")
+    ap.add_argument("--prompts", default=None, help="held-out prompt file for the sweep (e.g. dflash-prompt-set's "
+                    "heldout.jsonl; needed unless --no-sweep)")
     ap.add_argument("--fit", action="store_true", help="also sweep an untrained drafter of the same shape and fit "
                     "the cost of a speculative step to it (predicted against measured, per cell)")
     ap.add_argument("--curve-step", type=int, default=None, help="the τ curve step whose walk acceptance predicts "
