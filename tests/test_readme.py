@@ -79,6 +79,10 @@ CHECKS = {
                                                 f"{d['best']['plain_tokens_per_s']:.1f} → {d['best']['tokens_per_s']:.1f}",
                                                 f"{d['best']['speedup']:.2f}×",
                                                 f"{d['best']['identical']} of {d['best']['prompts']}"],
+    ("speedup-cpu-round3.json", "round 3"): lambda d: [f"k {d['best']['k']}", f"τ {d['best']['tau']:.2f}",
+                                                       f"{d['best']['plain_tokens_per_s']:.1f} → "
+                                                       f"{d['best']['tokens_per_s']:.1f}", f"{d['best']['speedup']:.2f}×",
+                                                       f"{d['best']['identical']} of {d['best']['prompts']}"],
     ("cpu_check.json", "share of the bf16"): lambda d: [
         f"{d['stages']['target_forward']['fraction']:.2f} / {d['stages']['drafter_step']['fraction']:.2f}",
         f"{d['stages']['trainer_step']['ratio_to_slower_stage']:.2f}"],
