@@ -169,13 +169,11 @@ def tau_curve(run_dir: Path, target: str, heldout: Path, samples: int, dtype: st
     return sorted(rows, key=lambda r: r["step"])
 
 
-def sweep_prompts(run_dir: Path, prompts: str | None, heldout: Path | None, tmp: Path) -> tuple[Path, dict, dict]:
-    "(prompt file, its template kwargs, what it is): `prompts` as given, else the run's held-out answers removed."
-    if prompts:   # a prompt file of its own (no answers in it): the template kwargs of the tokenized held-out data
-        man = heldout / "manifest.json" if heldout else None
-        kwargs = (json.loads(man.read_text()).get("template_kwargs") or {}) if man and man.exists() else {}
-        return Path(prompts).resolve(), kwargs, {"prompt_file": Path(prompts).name}
-    raise SystemExit("--prompts: needed (a held-out prompt file, e.g. dflash-prompt-set's heldout.jsonl)")
+def sweep_prompts(prompts: str, heldout: Path | None) -> tuple[Path, dict, dict]:
+    "(prompt file, its template kwargs, what it is): the kwargs are those of the tokenized held-out data's manifest."
+    man = heldout / "manifest.json" if heldout else None
+    kwargs = (json.loads(man.read_text()).get("template_kwargs") or {}) if man and man.exists() else {}
+    return Path(prompts).resolve(), kwargs, {"prompt_file": Path(prompts).name}
 
 
 def sweep(run_dir: Path, target: Path, drafter: Path, prompts: tuple, ks, batches, dtype: str, max_new_tokens: int,
@@ -247,6 +245,7 @@ def main(argv=None) -> int:
     ap.add_argument("--note", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speedup-cpu.json"))
     a = ap.parse_args(argv)
+    if not a.no_sweep and not a.prompts: ap.error("--prompts: needed for the sweep (or --no-sweep)")
     run_dir, target, t0 = Path(a.run).resolve(), Path(a.target).resolve(), time.perf_counter()
     prev = json.loads(Path(a.out).read_text()) if a.no_cost and Path(a.out).exists() else {}
     tcfg = json.loads((target / "config.json").read_text()) if (target / "config.json").exists() else {}
@@ -283,7 +282,7 @@ def main(argv=None) -> int:
         walk = curve.get(a.curve_step if a.curve_step is not None else max(curve, default=None), {})
         with tempfile.TemporaryDirectory(prefix="dflash_nb-speedup-") as tmp:
             tmp = Path(tmp)
-            prompts = sweep_prompts(run_dir, a.prompts, Path(a.heldout) if a.heldout else None, tmp)
+            prompts = sweep_prompts(a.prompts, Path(a.heldout) if a.heldout else None)
             for dt in a.serve_dtypes:
                 done = out.get("sweeps", {}).get(dt, {})
                 if "load_end" in done and (not a.fit or "fit" in done):   # finished in --out: a cut run resumes here
