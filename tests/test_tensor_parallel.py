@@ -123,12 +123,13 @@ def test_a_hung_rank_ends_the_run_in_one_line(tmp_path, data_dir):
 
 
 def test_kv_heads_that_tp_does_not_divide_are_one_line_on_every_rank(tmp_path, data_dir):
-    "One KV head cannot be split over 2 ranks: each rank says so in one line, before any step (no traceback)."
+    "One KV head cannot be split over 2 ranks: a rank says so in one line before any step (no traceback); torchrun "
+    "SIGTERMs the other as soon as the first exits, so whether the other says it too (or is ended first) is a race."
     cfg = split_config(tmp_path / "tp.yaml", tmp_path / "tp", data_dir, {**TP_TINY, "num_kv_heads": 1})
     p = run_module(cfg, torchrun=2, timeout=300)
     assert p.returncode != 0, p.stdout[-2000:]
     said = error_lines(p.stderr)
-    assert len(said) == 2, p.stderr[-3000:]
+    assert 1 <= len(said) <= 2, p.stderr[-3000:]
     assert all("num_key_value_heads=1 is not divisible by train.target.tp_size=2" in l for l in said)
     assert "Traceback" not in "\n".join(l for l in p.stderr.splitlines() if l.startswith("[rank"))
     assert not list((tmp_path / "tp").glob("checkpoints/step-*"))
