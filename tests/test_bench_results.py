@@ -44,9 +44,9 @@ def test_the_bench_writer_drops_machine_paths(tmp_path):
 
 def test_the_bench_annex_stays_small():
     """bench/ holds measurement scripts only (what a test or the library needs lives in the package): at most 12% of the
-    lines of dflash_nb, kernels and bench together."""
+    lines of dflash_nb, kernels and bench together. nbdev's generated index `_modidx.py` is not code and is not counted."""
     lines = {d: sum(len(p.read_text().splitlines()) for p in (REPO / d).rglob("*") if p.suffix in (".py", ".sh")
-                    and p.is_file() and "__pycache__" not in p.parts and not p.is_symlink())
+                    and p.is_file() and "__pycache__" not in p.parts and not p.is_symlink() and p.name != "_modidx.py")
              for d in ("dflash_nb", "kernels", "bench")}
     share = lines["bench"] / sum(lines.values())
     assert share <= 0.12, f"bench/ is {share:.1%} of the code ({lines}): move what the library or a test needs out of it"
