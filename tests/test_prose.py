@@ -9,6 +9,7 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 FLOOR = 0.97           # the share of exported cells that come after prose or an example (measured: see the report)
 EXAMPLE_FLOOR = 0.86   # the share of exported cells with an example within the next two cells
+WORDS_CEILING = 50     # markdown words per exported cell over the book (fastcore's chapters: 17-28; lower it, never raise)
 DIRECTIVE = re.compile(r"^#\|\s*(\w+)")
 
 
@@ -82,6 +83,23 @@ def test_the_counter(tmp_path):
     test = chapter(tmp_path / "01_x.ipynb")
     assert test == Chapter("01_x", exported=5, introduced=2, shown=1, longest_bare=2), test
     assert shares([test]) == (0.4, 0.2)
+
+
+def markdown_words(nb_path: Path) -> int:
+    "Words (whitespace-separated) in a notebook's markdown cells."
+    cells = json.loads(nb_path.read_text())["cells"]
+    return sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+
+
+def test_the_book_is_terse():
+    "Prose says why in a sentence or two per exported cell; the wordiest chapters per exported cell are named on failure."
+    words = {p.stem: markdown_words(p) for p in sorted((REPO / "nbs").glob("*.ipynb"))}
+    exported = {c.name: c.exported for c in chapters()}
+    per_cell = sum(words.values()) / sum(exported.values())
+    wordiest = sorted(exported, key=lambda n: -words[n] / exported[n])[:5]
+    assert per_cell <= WORDS_CEILING, (f"{sum(words.values())} markdown words, {per_cell:.1f} per exported cell "
+                                       f"(ceiling {WORDS_CEILING}); wordiest per cell: "
+                                       + ", ".join(f"{n} {words[n] / exported[n]:.0f}" for n in wordiest))
 
 
 def _without_env(name, fn):
