@@ -18,7 +18,7 @@ from .evaluate import TauConfig
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)
-from .parallel import (   # chapter Parallel: a split target, ranks that must agree, a failed collective
+from .parallel import (   # chapter 07c_parallel: a split target, ranks that must agree, a failed collective
     layout, check_ranks_agree, flat_config, collective_error)
 from .train_config import TrainConfig
 from .trainer import train, NonFiniteError, load_samples
