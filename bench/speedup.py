@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import now_iso, write_json  # noqa: E402
-from dflash_nb.sweep import fit_step_costs, predict_speedups  # noqa: E402
+from dflash_nb.sweep import fit_step_costs, fit_with_tail, predict_speedups  # noqa: E402
 
 STEP_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 17)
 
@@ -297,6 +297,7 @@ def main(argv=None) -> int:
                                                 a.max_prompts, tmp, a.threads)
                     got["fit"] = fit_costs(got["trained"], got["untrained"], walk.get("per_position"))
                     got["fit_walk_step"] = walk.get("step")
+                    got["fit_with_tail"] = fit_with_tail(got["trained"], got["untrained"])
                 got["load_end"] = load()
                 write_json(a.out, {**out, "load_end": load(), "wall_s": round(time.perf_counter() - t0, 1)})
         first = out["sweeps"][a.serve_dtypes[0]]["trained"]

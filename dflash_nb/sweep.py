@@ -4,9 +4,10 @@
 
 # %% ../nbs/09d_sweep.ipynb #2011a082
 from __future__ import annotations
-import os, signal, threading
+import os, random, signal, threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+import numpy as np
 import torch
 import dflash_nb.serving as serving
 from .config import ConfigError
@@ -15,7 +16,7 @@ from .vllm_worker import drafted_tokens
 
 # %% auto #0
 __all__ = ['check_sweep', 'check_vllm_args', 'serve_prompt_sets', 'best_cell', 'format_sweep', 'serve_sweep', 'costs_line',
-           'predict_speedups', 'fit_step_costs']
+           'predict_speedups', 'fit_step_costs', 'cell_seconds', 'fit_with_tail']
 
 # %% ../nbs/09d_sweep.ipynb #2881e963
 def check_sweep(ks, batch_sizes, drafter_dir) -> tuple[list[int], list[int]]:
@@ -232,4 +233,43 @@ def fit_step_costs(trained: dict,            # a sweep with the trained drafter:
             row["walk_tau"] = 1 + sum(walk_per_position[:c["k"]])
             row["predicted_from_walk"] = row["walk_tau"] / step
         rows.append(row)
+    return rows
+
+# %% ../nbs/09d_sweep.ipynb #t41l0002
+def cell_seconds(step_s,              # step_s(n): seconds of one speculative step with n sequences running
+                 per_position: list,  # the share of steps whose accepted prefix reached draft i (i = 1..k)
+                 prompts: int,        # the sequences of the cell
+                 batch: int,          # at most this many run at once; a finished sequence's slot is refilled
+                 new_tokens: int,     # the tokens each sequence generates
+                 repeats: int = 64,   # plays averaged (acceptance drawn independently per step and sequence)
+                 seed: int = 0) -> float:
+    "Mean wall seconds of a cell when each step commits 1 + accepted tokens to every running sequence."
+    rng, p, total = random.Random(seed), list(per_position), 0.0
+    def accepted():   # the accepted prefix: draft i + 1 given draft i is accepted with probability p[i] / p[i - 1]
+        n = 0
+        while n < len(p) and p[n] > 0 and rng.random() < p[n] / (p[n - 1] if n else 1.0): n += 1
+        return n
+    for _ in range(repeats):
+        waiting, running = [new_tokens] * prompts, []
+        while waiting or running:
+            running += [waiting.pop() for _ in range(min(batch - len(running), len(waiting)))]
+            total += step_s(len(running))
+            running = [left for left in (left - 1 - accepted() for left in running) if left > 0]
+    return total / repeats
+
+def fit_with_tail(trained: dict,    # a sweep with the trained drafter: {'cells': [...]}
+                  untrained: dict,  # the same sweep with an untrained drafter (every step commits one token)
+                  ) -> list[dict]:
+    "Per cell: the speculative rate `cell_seconds` predicts from the untrained step times, as a speed-up and its error."
+    un = {(c["k"], c["batch"]): c for c in untrained["cells"]}
+    rows = []
+    for c in trained["cells"]:
+        sizes = sorted(b for k, b in un if k == c["k"])
+        if c["batch"] not in sizes: continue
+        seconds = [b / un[(c["k"], b)]["tokens_per_s"] for b in sizes]   # τ = 1: a step commits b tokens
+        def step_s(n): return float(np.interp(n, sizes, seconds))
+        t = cell_seconds(step_s, c["per_position"], c["prompts"], c["batch"], c["tokens"] // c["prompts"])
+        predicted = c["tokens"] / t / c["plain_tokens_per_s"]
+        rows.append(dict(k=c["k"], batch=c["batch"], measured_speedup=c["speedup"], predicted_speedup=predicted,
+                         error=predicted / c["speedup"] - 1))
     return rows
