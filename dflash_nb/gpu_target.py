@@ -12,12 +12,12 @@ from .build import build_drafter, drafter_lm_head_weight, pick_backend
 from .gpu_plan import device_for, matmul_tflops, need, peak_gib, peak_reset, sync
 from .metrics import Metrics, Stopwatch
 from .model import DrafterConfig
-from .parallel import (Layout, TP_KINDS, is_split, load_target_tp, saved_tiny_target, tp_mesh, weight_kind,
-                                weight_pattern)
+from .parallel import (FLAGSHIP_DRAFTER, Layout, TP_KINDS, is_split, load_target_tp, saved_tiny_target,
+                                tp_mesh, weight_kind, weight_pattern)
 from .rows import FeatureProducer, RowStream, make_batch
 from .target import (TargetFeatures, bucket_spans, fast_paths, find_decoder_layers, load_target, packed_support,
                               tiny_target)
-from .train_config import TrainConfig, lr_factor
+from .train_config import TrainConfig
 
 # %% auto #0
 __all__ = ['FULL_TARGET_LAYERS', 'FULL_TARGET_RUN_LAYERS', 'PEAK_BF16_TFLOPS', 'FLOP_FORMULA', 'TARGET_DIMS', 'DENSE_KEYS',
@@ -155,11 +155,7 @@ def with_features(batch, features, dev):
 # %% ../nbs/13c_gpu_target.ipynb #2ecffa84
 def trainer_run(cfg, drafter, drafter_cfg, features, dev, backend: str, backend_why: str = ""):
     "A `Run` with what `train_step` reads, set up as `build_run` does (AdamW, schedule, lm_head) for a built drafter."
-    import torch
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    fused, o = trainer._fused_ok(dev), cfg.optim
-    opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, fused=fused)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg.steps, o.warmup_frac, o.min_lr_frac))
+    params, fused, opt, sched = trainer.run_optimizer(cfg, drafter, dev)   # the trainer's own AdamW and schedule
     none = dict(run_dir=None, ckpt_root=None, log=None, tokenizer=None, samples=None, stream=None, data_id=0,
                 target=features.model, log_prefix="")
     return trainer.Run(cfg=cfg, rank=0, world=1, layout=Layout(), distributed=False, target_device=features.device,
@@ -276,15 +272,15 @@ def build_trainer_run(a, rec, cfg, feats, p: dict, dev, dtype):
     "The flagship drafter on this device, its attention backend as the trainer picks it, and the trainer's `Run`."
     import torch
     t0 = time.perf_counter()
-    dcfg = DrafterConfig.from_target(feats.model.config, num_hidden_layers=5, layer_types=["sliding"] * 4 + ["full"],
-                                     sliding_window=p["window"], block_size=p["B"], target_layer_ids=feats.layer_ids,
-                                     mask_token_id=feats.model.config.vocab_size - 1)
+    dcfg = DrafterConfig.from_target(feats.model.config, **{**FLAGSHIP_DRAFTER, "sliding_window": p["window"],
+                                     "block_size": p["B"], "target_layer_ids": feats.layer_ids,
+                                     "mask_token_id": feats.model.config.vocab_size - 1})
     with torch.device(dev):
         drafter = build_drafter(dcfg, feats, dev, 0)
     params = sum(x.numel() for x in drafter.parameters() if x.requires_grad)
-    rec["drafter"] = dict(layers=5, layer_types=dcfg.layer_types, sliding_window=dcfg.sliding_window,
-                          hidden=dcfg.hidden_size, heads=[dcfg.num_attention_heads, dcfg.num_key_value_heads,
-                                                          dcfg.head_dim],
+    rec["drafter"] = dict(layers=dcfg.num_hidden_layers, layer_types=dcfg.layer_types,
+                          sliding_window=dcfg.sliding_window, hidden=dcfg.hidden_size,
+                          heads=[dcfg.num_attention_heads, dcfg.num_key_value_heads, dcfg.head_dim],
                           params=params, build_s=round(time.perf_counter() - t0, 1), loss=cfg.loss.weighting)
     t0 = time.perf_counter()
     backend, why = (a.backend, "given on the command line") if a.backend != "auto" else \
@@ -389,7 +385,7 @@ PACKED_TOL = 5e-2         # bf16: max |packed - per document| / max |per documen
 
 def reference_kernels(model):
     "Context manager: the hybrid's linear-attention layers run transformers' torch reference (the kernels unbound)."
-    mod = target_module._linear_attention_module(model)
+    mod = target_module.linear_attention_module(model)
     @contextlib.contextmanager
     def ctx():
         saved = {n: getattr(mod, n) for n in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")}

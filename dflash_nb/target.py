@@ -16,10 +16,10 @@ from .storage import checked_path   # a FIFO or a device at config.json: refused
 
 # %% auto #0
 __all__ = ['QWEN3_PAD_ID', 'QWEN3_EOS_ID', 'PER_DOCUMENT_SDPA', 'GPU_INSTALL', 'find_decoder_layers', 'find_final_norm',
-           'tiny_target', 'load_target', 'document_spans', 'bucket_spans', 'per_document_causal_conv1d',
-           'per_document_gated_delta_rule', 'fla_causal_conv1d', 'isolated_linear_attention', 'packed_support',
-           'block_causal_mask', 'per_document_sdpa', 'attention_implementation', 'TargetFeatures', 'fast_paths',
-           'fast_paths_line']
+           'tiny_target', 'load_target', 'document_spans', 'bucket_spans', 'linear_attention_module',
+           'per_document_causal_conv1d', 'per_document_gated_delta_rule', 'fla_causal_conv1d',
+           'isolated_linear_attention', 'packed_support', 'block_causal_mask', 'per_document_sdpa',
+           'attention_implementation', 'TargetFeatures', 'fast_paths', 'fast_paths_line']
 
 # %% ../nbs/07a_target.ipynb #d786042e
 _LAYER_PATHS = (
@@ -244,7 +244,7 @@ def _linear_attention_mixer(model: nn.Module) -> nn.Module | None:
     return next((m for layer in find_decoder_layers(model) if (m := getattr(layer, "linear_attn", None)) is not None),
                 None)
 
-def _linear_attention_module(model: nn.Module):
+def linear_attention_module(model: nn.Module):
     "The modeling module of the target's first linear-attention layer (where transformers bound its kernels), or None."
     mixer = _linear_attention_mixer(model)
     return None if mixer is None else sys.modules[type(mixer).__module__]
@@ -322,7 +322,7 @@ def _fla_installed() -> bool:
 
 def _isolating_kernels(model: nn.Module) -> dict:
     "{module global: (what runs, function)}: the conv and recurrence a packed forward binds on this target's device."
-    mod, cuda = _linear_attention_module(model), _device_type(model) == "cuda"
+    mod, cuda = linear_attention_module(model), _device_type(model) == "cuda"
     conv, rule = (_unwrap_func_module(getattr(mod, name)) for name in (_CONV, _RULE))
     if cuda and _bound_kernel(mod, _CONV) == "causal_conv1d": pick_conv = ("causal_conv1d", conv)  # takes seq_idx
     elif cuda and _fla_installed(): pick_conv = ("fla", fla_causal_conv1d)
@@ -351,7 +351,7 @@ def _calls_rebindable_kernels(model: nn.Module) -> bool:
 @contextlib.contextmanager
 def isolated_linear_attention(model: nn.Module):
     "While active, `model`'s Gated DeltaNet layers restart their conv and recurrent state at every packed document."
-    mod = _linear_attention_module(model)
+    mod = linear_attention_module(model)
     picks = _isolating_kernels(model) if mod is not None else {}
     saved = {name: getattr(mod, name) for name in picks}
     try:
@@ -611,7 +611,7 @@ def fast_paths(model: nn.Module) -> dict:
         picks = _isolating_kernels(model)
         rule, conv = picks[_RULE][0], picks[_CONV][0]
     elif n_linear:   # as transformers picks: a hub kernel if asked for, else the package bound at import, else torch
-        mod, hub = _linear_attention_module(model), _uses_hub_kernels(model)
+        mod, hub = linear_attention_module(model), _uses_hub_kernels(model)
         rule = "hub kernel" if hub else (_bound_kernel(mod, _RULE) or "torch reference")
         conv = "hub kernel" if hub else (_bound_kernel(mod, _CONV) or "torch reference")
     report = dict(model_type=cfg.model_type, device=_device_type(model),

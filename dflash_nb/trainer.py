@@ -40,8 +40,9 @@ from .target import fast_paths, fast_paths_line   # the kernels the target forwa
 from .tracking import Trackers, require_trackers
 
 # %% auto #0
-__all__ = ['distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'Run', 'build_run',
-           'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption', 'train']
+__all__ = ['distill_features', 'step_loss', 'load_samples', 'NonFiniteError', 'last_finite_checkpoint', 'run_optimizer', 'Run',
+           'build_run', 'resume_from', 'Checkpointer', 'make_producer', 'train_step', 'log_interval', 'Preemption',
+           'train']
 
 # %% ../nbs/08h_trainer.ipynb #ac3386b1
 def distill_features(features):
@@ -140,7 +141,7 @@ def _run_data(cfg: TrainConfig):
     return tokenizer, samples, stream, data_id
 
 # %% ../nbs/08h_trainer.ipynb #e7f458b9
-def _run_optimizer(cfg: TrainConfig, drafter: nn.Module, drafter_device: torch.device):
+def run_optimizer(cfg: TrainConfig, drafter: nn.Module, drafter_device: torch.device):
     "The drafter's trainable parameters, whether AdamW runs fused, AdamW and its warmup-then-cosine schedule."
     params = [p for p in drafter.parameters() if p.requires_grad]
     fused = _fused_ok(drafter_device)
@@ -246,7 +247,7 @@ def build_run(cfg: TrainConfig,
     if distributed:
         ids = [drafter_device] if drafter_device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(drafter, device_ids=ids)
-    params, fused, optimizer, scheduler = _run_optimizer(cfg, drafter, drafter_device)
+    params, fused, optimizer, scheduler = run_optimizer(cfg, drafter, drafter_device)
     lm_head_w = drafter_lm_head_weight(drafter, features, drafter_device)
     dtype = torch.bfloat16 if drafter_device.type == "cuda" else torch.float32
     backend, why = pick_backend(cfg.backend, drafter_device, dtype, drafter_cfg, cfg.max_tokens, cfg.max_anchors,

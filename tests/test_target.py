@@ -356,7 +356,7 @@ def test_fast_paths_warns_on_cuda_reference_path(models, monkeypatch):
 def test_fast_paths_reads_what_transformers_bound(models):
     "The kernel report reads the package transformers bound into the modeling module at import (torch here: no fla)."
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
-    assert target_mod._linear_attention_module(models["qwen3_5"]) is mq
+    assert target_mod.linear_attention_module(models["qwen3_5"]) is mq
     fla = importlib.util.find_spec("fla") is not None
     assert target_mod._bound_kernel(mq, "torch_chunk_gated_delta_rule") == ("fla" if fla else None)
     assert target_mod._bound_kernel(mq, "no_such_function") is None
