@@ -122,7 +122,7 @@ def test_a_hung_rank_ends_the_run_in_one_line(tmp_path, data_dir):
     assert latest(tmp_path / "tp").name == "step-00000002"
 
 
-def test_kv_heads_that_tp_does_not_divide_are_one_line_on_every_rank(tmp_path, data_dir):
+def test_kv_heads_that_tp_does_not_divide_are_one_line_before_any_step(tmp_path, data_dir):
     "One KV head cannot be split over 2 ranks: a rank says so in one line before any step (no traceback); torchrun "
     "SIGTERMs the other as soon as the first exits, so whether the other says it too (or is ended first) is a race."
     cfg = split_config(tmp_path / "tp.yaml", tmp_path / "tp", data_dir, {**TP_TINY, "num_kv_heads": 1})
