@@ -89,6 +89,7 @@ class VLLMEngine:
                  tensor_parallel_size: int = 1,      # GPUs the target is split over (vLLM's tensor parallelism)
                  timeout: float | None = None,       # seconds a request after the load may wait for its answer
                  load_timeout: float | None = None,  # seconds the load may take (None, both: the default above)
+                 feature_layers: list[int] | None = None,   # vLLM's layer ids: a feature source (`hidden_state_files`)
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
         env = os.environ.get("DFLASH_WORKER_TIMEOUT")
@@ -104,6 +105,7 @@ class VLLMEngine:
         req = {"op": "load", "target_dir": str(target_dir), "drafter_dir": drafter_dir and str(drafter_dir),
                "num_speculative_tokens": num_speculative_tokens, "dtype": dtype, "seed": seed,
                "max_model_len": max_model_len, "tensor_parallel_size": int(tensor_parallel_size),
+               "feature_layers": feature_layers, "feature_dir": os.path.join(self._tmp, "features"),
                "engine_kwargs": engine_kwargs}
         try: self.load_seconds = self._call(req, self.load_timeout)["seconds"]
         except BaseException:
@@ -187,6 +189,11 @@ def generate(self: VLLMEngine, prompts: list[list[int]], max_new_tokens: int, te
            "temperature": temperature, "top_p": top_p, "top_k": top_k,
            "stop_token_ids": None if stop_token_ids is None else [int(t) for t in stop_token_ids]}
     return {"outputs": (r := self._call(req))["outputs"], "seconds": r["seconds"]}
+
+@patch
+def hidden_state_files(self: VLLMEngine, prompts: list[list[int]]) -> list[str]:
+    "One safetensors file per prompt, in order, in the worker's own TMPDIR: read it once, then delete it."
+    return self._call({"op": "features", "prompts": [[int(t) for t in p] for p in prompts]})["files"]
 
 @patch
 def spec_metrics(self: VLLMEngine) -> dict | None:

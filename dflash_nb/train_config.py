@@ -57,6 +57,9 @@ class TargetConfig:
                           "every rank", min=1)
     tiny: dict = opt({}, "keyword arguments of dflash_nb.target.tiny_target when path is None (hidden_size, "
                          "num_layers, seed, ...)", keys=_tiny_keys)
+    source: Literal["hooks", "vllm"] = opt("hooks", "where the features come from: hooks = forward hooks on the target "
+                                                    "in this process; vllm = a vLLM engine of the serving environment "
+                                                    "runs the target (chapter 07d_engine_features)")
 
 # %% ../nbs/08c_train_config.ipynb #554f8cdb
 @dataclass

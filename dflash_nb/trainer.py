@@ -36,6 +36,7 @@ from .records import load_tokenizer
 from .attention import AnchorBlockLayout
 from .loss import block_loss, expected_acceptance_length
 from .target import TargetFeatures
+from .engine_features import check_engine_source, open_engine_features   # train.target.source=vllm
 from .target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
 from .tracking import Trackers, require_trackers
 
@@ -208,11 +209,13 @@ def _rank_setup(cfg: TrainConfig):
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
-              locks: Optional[list] = None) -> Run:   # the run dir's lock is appended here (the caller releases it)
+              locks: Optional[list] = None) -> Run:   # the run dir's lock (and a feature engine) appended: the caller
+                                                      # releases them
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, lay, target_device, drafter_device, distributed = _rank_setup(cfg)
+    if cfg.target.source == "vllm": check_engine_source(cfg.target.path, cfg.target.tp_size, cfg.loss.distill_weight)
     # ---- data first: bad data is refused before the run dir is touched (nothing written) ---------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
     tokenizer, samples, stream, data_id = _run_data(cfg)
@@ -252,6 +255,10 @@ def build_run(cfg: TrainConfig,
     dtype = torch.bfloat16 if drafter_device.type == "cuda" else torch.float32
     backend, why = pick_backend(cfg.backend, drafter_device, dtype, drafter_cfg, cfg.max_tokens, cfg.max_anchors,
                                 run_dir=run_dir if rank == 0 else None)
+    if cfg.target.source == "vllm":   # the engine starts last, after every cheaper refusal; the caller ends it
+        dt = str(features.dtype).removeprefix("torch.")
+        features = open_engine_features(cfg.target.path, drafter_cfg.target_layer_ids, dt, hooks=features)
+        locks.append(features)
     return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, layout=lay, distributed=distributed,
                target_device=target_device, drafter_device=drafter_device, accum=cfg.global_batch // world,
                run_dir=run_dir, ckpt_root=ckpt_root, log=log, tokenizer=tokenizer, samples=samples, stream=stream,

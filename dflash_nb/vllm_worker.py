@@ -4,14 +4,15 @@
 
 # %% ../nbs/01f_vllm_worker.ipynb #01310d27
 from __future__ import annotations
-import contextlib, json, os, shutil, signal, sys, threading, time, traceback
+import contextlib, functools, json, os, shutil, signal, sys, threading, time, traceback
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CPU_KV_CACHE_BYTES', 'CPU_KV_CACHE_MAX', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV', 'one_line',
-           'drafted_tokens', 'llm_kwargs', 'available_memory', 'cpu_kv_cache_bytes', 'with_cpu_defaults',
-           'available_cpus', 'sampling_kwargs', 'spec_counts', 'Worker', 'serve', 'group_members', 'shm_files',
-           'end_group', 'watch_parent', 'resource_tracker', 'let_tracker_clean', 'is_tracker', 'kill_group', 'main']
+__all__ = ['FEATURE_CONNECTOR', 'CPU_KV_CACHE_BYTES', 'CPU_KV_CACHE_MAX', 'SPEC_METRICS', 'LOG_MARK', 'PARENT_FD_ENV', 'TMP_ENV',
+           'one_line', 'drafted_tokens', 'llm_kwargs', 'feature_kwargs', 'hidden_states_writer', 'available_memory',
+           'cpu_kv_cache_bytes', 'with_cpu_defaults', 'available_cpus', 'sampling_kwargs', 'spec_counts', 'Worker',
+           'serve', 'group_members', 'shm_files', 'end_group', 'watch_parent', 'resource_tracker', 'let_tracker_clean',
+           'is_tracker', 'kill_group', 'package_root', 'main']
 
 # %% ../nbs/01f_vllm_worker.ipynb #5cd24dd6
 def one_line(e: BaseException) -> str:
@@ -48,7 +49,54 @@ def llm_kwargs(req: dict) -> dict:
         n = req.get("num_speculative_tokens") or drafted_tokens(req["drafter_dir"])
         kw["speculative_config"] = {"method": "dflash", "model": str(req["drafter_dir"]),
                                     "num_speculative_tokens": int(n)}
+    if req.get("feature_layers"): kw.update(feature_kwargs(req["feature_layers"], req["feature_dir"]))
     return {**kw, **(req.get("engine_kwargs") or {})}
+
+# %% ../nbs/01f_vllm_worker.ipynb #fc7487c3
+FEATURE_CONNECTOR = "HiddenStatesWriter"   # the connector class vLLM loads from this module by name
+
+def feature_kwargs(layer_ids, feature_dir) -> dict:
+    "The `vllm.LLM` keywords that write the hidden states after `layer_ids` (vLLM's ids) under `feature_dir`."
+    hf = {"eagle_aux_hidden_state_layer_ids": [int(i) for i in layer_ids]}
+    extra = {"shared_storage_path": str(feature_dir), "use_synchronization_lock": False}
+    return {"speculative_config": {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                                   "draft_model_config": {"hf_config": hf}},
+            "kv_transfer_config": {"kv_connector": FEATURE_CONNECTOR, "kv_role": "kv_producer",
+                                   "kv_connector_module_path": "dflash_nb.vllm_worker",
+                                   "kv_connector_extra_config": extra}}
+
+# %% ../nbs/01f_vllm_worker.ipynb #b1422199
+@functools.cache
+def hidden_states_writer() -> type:
+    "vLLM's example hidden-states connector with a synchronous, device-neutral write (vLLM imported here)."
+    import torch
+    from safetensors.torch import save_file
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector as ex
+
+    class HiddenStatesWriter(ex.ExampleHiddenStatesConnector):
+        def get_finished(self, finished_req_ids):
+            "Write each request the scheduler handed over, then report the finished ones written."
+            meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+            for p in (getattr(meta, "pending_saves", None) or []) if self._is_tp_rank_zero else []:
+                blocks = torch.tensor(p.block_ids, dtype=torch.long)[:, None] * self._block_size
+                slots = (blocks + torch.arange(self._block_size)).flatten().to(self._kv_cache.device)
+                states = ex.extract_from_kv_cache(self._kv_cache, slots, len(p.token_ids)).to("cpu")
+                part = p.filename + ".part"   # renamed when whole: a reader never sees half a file
+                os.makedirs(os.path.dirname(part), exist_ok=True)
+                save_file({"hidden_states": states.contiguous(), "token_ids": p.token_ids.clone()}, part)
+                os.replace(part, p.filename)
+                self._req_copy_events[p.req_id] = None
+            self._accumulated_finished_req_ids.update(finished_req_ids)
+            done = self._accumulated_finished_req_ids & self._req_copy_events.keys()
+            for r in done: del self._req_copy_events[r]
+            self._accumulated_finished_req_ids -= done
+            return done or None, None
+
+    return HiddenStatesWriter
+
+def __getattr__(name: str):
+    if name == FEATURE_CONNECTOR: return hidden_states_writer()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # %% ../nbs/01f_vllm_worker.ipynb #67a16569
 CPU_KV_CACHE_BYTES = 512 << 20  # the CPU backend's KV cache at least (and what it was before it followed memory)
@@ -103,7 +151,7 @@ def spec_counts(metrics) -> dict | None:
 
 # %% ../nbs/01f_vllm_worker.ipynb #deed501e
 class Worker:
-    "One vLLM engine answering `generate` and `metrics` requests."
+    "One vLLM engine answering `generate`, `metrics` and (loaded with `feature_layers`) `features` requests."
     def __init__(self, req: dict):
         try:
             from vllm import LLM
@@ -126,6 +174,20 @@ class Worker:
 
     def metrics(self, req: dict) -> dict:
         return {"spec": spec_counts(self.llm.get_metrics())}
+
+    def features(self, req: dict) -> dict:
+        "Each prompt's hidden-states file (see `feature_kwargs`), in order, all written before the reply."
+        from vllm import SamplingParams, TokensPrompt
+        one = SamplingParams(max_tokens=1)
+        t0 = time.perf_counter()
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in req["prompts"]], one,
+                                 use_tqdm=False)
+        flush = self.llm.generate([TokensPrompt(prompt_token_ids=[0])], one, use_tqdm=False)   # one more step
+        for f in getattr(self, "_flushed", []):   # the previous flush's own file, written by this call's steps
+            with contextlib.suppress(FileNotFoundError): os.remove(f)
+        self._flushed = [flush[0].kv_transfer_params["hidden_states_path"]]
+        files = [o.kv_transfer_params["hidden_states_path"] for o in outs]
+        return {"files": files, "seconds": time.perf_counter() - t0}
 
 # %% ../nbs/01f_vllm_worker.ipynb #2849e43a
 LOG_MARK = "\x1e dflash_nb: an error reply follows"   # on stderr before an error reply; not a line of vLLM's log
@@ -157,7 +219,7 @@ def serve(inp, out, make_worker=Worker, log=None) -> int:   # log: as `_reply`'s
             if worker is None and req["op"] != "load":
                 raise ValueError(f"the first request must be 'load', not {req['op']!r}")
             if req["op"] == "load": worker = make_worker(req)
-            elif req["op"] not in ("generate", "metrics"): raise ValueError(f"unknown op {req['op']!r}")
+            elif req["op"] not in ("generate", "metrics", "features"): raise ValueError(f"unknown op {req['op']!r}")
             _reply(out, {"seconds": worker.load_seconds} if req["op"] == "load" else getattr(worker, req["op"])(req))
         except Exception as e:
             _reply(out, {"error": one_line(e)}, log)
@@ -265,6 +327,14 @@ def kill_group(pgid: int, grace: float = 2.0):
     while trackers & set(group_members(pgid)) and time.time() - t0 < grace: time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(pgid, signal.SIGKILL)
 
+# %% ../nbs/01f_vllm_worker.ipynb #36556804
+def package_root(tmp) -> str:   # tmp: the worker's own temp dir
+    "A directory holding only a link to this package: vLLM imports `dflash_nb.vllm_worker` by name, nothing else."
+    root = Path(tmp) / "package"
+    root.mkdir(exist_ok=True)
+    if not (root / "dflash_nb").exists(): (root / "dflash_nb").symlink_to(Path(__file__).resolve().parent)
+    return str(root)
+
 # %% ../nbs/01f_vllm_worker.ipynb #620c1082
 def main() -> int:
     "Serve requests on stdin/stdout with vLLM's own output sent to stderr."
@@ -272,6 +342,7 @@ def main() -> int:
         watch_parent(int(os.environ[PARENT_FD_ENV]), os.environ.get(TMP_ENV))
     here = str(Path(__file__).resolve().parent)
     sys.path[:] = [p for p in sys.path if str(Path(p or ".").resolve()) != here]
+    if os.environ.get(TMP_ENV): sys.path.append(package_root(os.environ[TMP_ENV]))   # vLLM imports our connector
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: a faster start
     out = os.fdopen(os.dup(1), "w")

@@ -1,0 +1,45 @@
+"""Target features from a vLLM engine (chapter 07d_engine_features, `train.target.source=vllm`) train the drafter as
+the in-process hooks do: a real engine of the serving environment on the servable tiny Qwen3, real tokenized data."""
+import os
+import pytest
+from _serving_common import write_served_target
+from _trainer_common import losses, make_data, train_cfg
+
+from dflash_nb.config import ConfigError
+from dflash_nb.trainer import train
+
+pytestmark = pytest.mark.slow
+SERVED = {"path": None, "dtype": "float32"}   # the path is set per test: a directory vLLM can load
+
+
+@pytest.fixture(scope="module")
+def target_and_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("engine")
+    return write_served_target(root / "target"), make_data(root / "data", n=16)
+
+
+def run(tmp, name, target_dir, data_dir, source, **kw):
+    cfg = train_cfg(tmp / name, data_dir, steps=10, target={**SERVED, "path": str(target_dir), "source": source},
+                    drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]}, **kw)
+    return train(cfg)
+
+
+def test_ten_steps_from_the_engine_lose_what_ten_from_the_hooks_lose(tmp_path, target_and_data):
+    target_dir, data_dir = target_and_data
+    hooks = run(tmp_path, "hooks", target_dir, data_dir, "hooks")
+    engine = run(tmp_path, "vllm", target_dir, data_dir, "vllm")
+    want, got = losses(tmp_path / "hooks"), losses(tmp_path / "vllm")
+    assert sorted(got) == sorted(want) == list(range(1, 11))
+    for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
+    assert hooks["steps"] == engine["steps"] == 10
+    left = [p for p in os.listdir("/dev/shm") if p.startswith("dflash")]   # the engine's worker ended with the run
+    assert not left, left
+
+
+def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, target_and_data):
+    _, data_dir = target_and_data
+    for target, loss, says in (({"source": "vllm"}, {}, "train.target.path not set"),
+                               ({"source": "vllm", "path": "t"}, {"distill_weight": 0.5}, "distill_weight=0.5")):
+        cfg = train_cfg(tmp_path / "run", data_dir, steps=2, target=target, loss=loss)
+        with pytest.raises(ConfigError, match=says): train(cfg)
+        assert not (tmp_path / "run" / "checkpoints").exists()
