@@ -196,7 +196,9 @@ def get(self: FeatureProducer) -> Batch:
     "Next batch; on GPU the current stream waits for its features (the host does not)."
     if self.threaded:
         item = self.q.get()
-        if isinstance(item, _Failure): raise RuntimeError("the target producer thread failed") from item.exc
+        if isinstance(item, _Failure):   # the thread's own error: a command says an expected one in one line
+            item.exc.add_note("(raised in the target producer thread)")
+            raise item.exc
     else:
         item = self.produce(*next(self.order))
     if item.ready is not None:

@@ -1,14 +1,16 @@
 """Target features from a vLLM engine (chapter 07d_engine_features, `train.target.source=vllm`) train the drafter as
 the in-process hooks do: a real engine of the serving environment on the servable tiny Qwen3, real tokenized data."""
-import os
+import os, signal, subprocess, sys
 import pytest
-from _serving_common import write_served_target
-from _trainer_common import losses, make_data, train_cfg
+from _serving_common import wait_for, worker_of, worker_tmp, write_served_target
+from _trainer_common import REPO, env, losses, make_data, train_cfg, train_dict, write_run_config
 
 from dflash_nb.config import ConfigError
 from dflash_nb.trainer import train
+from dflash_nb.vllm_worker import group_members
 
 pytestmark = pytest.mark.slow
+
 SERVED = {"path": None, "dtype": "float32"}   # the path is set per test: a directory vLLM can load
 
 
@@ -43,3 +45,24 @@ def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, tar
         cfg = train_cfg(tmp_path / "run", data_dir, steps=2, target=target, loss=loss)
         with pytest.raises(ConfigError, match=says): train(cfg)
         assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, target_and_data):
+    """The run's own vLLM worker SIGKILLed mid-run: one line, exit 2, no worker, no feature files (a hung worker takes
+    the same path after DFLASH_WORKER_TIMEOUT: chapter 01g's `_call`)."""
+    target_dir, data_dir = target_and_data
+    train = train_dict(tmp_path / "run", data_dir, steps=500, target={**SERVED, "path": str(target_dir), "source": "vllm"},
+                       drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]})
+    cfg = write_run_config(tmp_path / "run.yaml", train)
+    proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], cwd=REPO, text=True,
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert wait_for(lambda: metrics.exists() and len(losses(tmp_path / "run")) >= 2, proc), proc.communicate()
+    worker = worker_of(proc.pid)
+    tmp = worker_tmp(worker)
+    os.kill(worker, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    lines = [l for l in err.splitlines() if "error:" in l or "Traceback" in l]
+    assert proc.returncode == 2 and len(lines) == 1 and "killed by SIGKILL" in lines[0], err[-2000:]
+    assert "'features'" in lines[0]
+    assert not tmp.exists() and not os.path.exists(f"/proc/{worker}") and group_members(worker) == []

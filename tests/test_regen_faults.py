@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from _regen_common import run_main, shards
-from _serving_common import write_served_target
+from _serving_common import wait_for, worker_of, worker_tmp, write_served_target
 from dflash_nb.regen import LOCK, MANIFEST, shard_name
 from dflash_nb.train import demo_data_dir
 from dflash_nb.vllm_worker import group_members, shm_files
@@ -41,16 +41,6 @@ def small(tmp_path_factory):
 def start(args, out) -> subprocess.Popen:
     return subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out))], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(cond, proc, timeout=300, poll=0.0005):
-    "Poll `cond()` until true (True), or until `proc` ends or the timeout (False)."
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if cond(): return True
-        if proc.poll() is not None: return False
-        time.sleep(poll)
-    return False
 
 
 @pytest.mark.slow   # two runs of the console script (~30 s each on the loaded 2-core machine)
@@ -184,31 +174,10 @@ def test_a_shard_changed_after_it_was_written_is_refused_and_kept(small, tmp_pat
 
 # --- the vLLM worker ------------------------------------------------------------------------------------------------
 
-def children(pid: int) -> list:
-    "(pid, command line) of the processes whose parent is `pid`."
-    out = []
-    for e in os.listdir("/proc"):
-        try:
-            if e.isdigit() and int(open(f"/proc/{e}/stat").read().rsplit(")", 1)[1].split()[1]) == pid:
-                out.append((int(e), open(f"/proc/{e}/cmdline").read().replace("\0", " ")))
-        except OSError: pass
-    return out
-
-
-def worker_of(pid: int):
-    return next((c for c, cmd in children(pid) if "vllm_worker" in cmd), None)
-
-
 def listed(out) -> list:
     "The shards the manifest in `out` lists as finished, in order ([] before it has one)."
     try: return sorted(map(int, json.loads((out / MANIFEST).read_text() or "{}").get("shards", {})))
     except (OSError, ValueError): return []
-
-
-def worker_tmp(pid: int) -> Path:
-    "The TMPDIR a running worker was given."
-    env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
-    return Path(env[b"TMPDIR"].decode())
 
 
 @pytest.mark.slow   # two vLLM starts (~1 min each here), each stopped once it has written a shard; a 30 s timeout
