@@ -14,6 +14,7 @@ from .attention import AnchorBlockLayout
 from .build import build_drafter, check_token_ids, cpu_bf16, drafter_config, pick_backend
 from .commands import error_line, finite_json, run_cli
 from .config import ConfigError, ExpectedError, from_dict, load_config, opt, parse_cli, to_dict
+from .engine_features import open_engine_features
 from .gpu_attention import useful_flops, visible_pairs
 from .gpu_plan import best_seconds, now_iso, short_error, write_json
 from .gpu_target import Batches, length_mix, target_row_flops, train_steps, trainer_run, with_features
@@ -28,17 +29,18 @@ from .trainer import distill_features, load_samples
 from .vllm_worker import CPU_KV_CACHE_BYTES, available_cpus, cpu_kv_cache_bytes
 
 # %% auto #0
-__all__ = ['STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'STAGE_FUNCTIONS', 'BUSY_LOAD', 'ANSWER_TOKENS', 'CpuCheckConfig',
-           'parse_args', 'train_config', 'Check', 'machine', 'settings', 'new_check', 'hf_config', 'meta_target',
-           'target_dtype', 'target_model', 'drafter_cfg', 'features', 'synthetic_samples', 'samples', 'matmul_shapes',
-           'matmul_gflops', 'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row', 'target_forward',
-           'trainer_parts', 'drafter_step_flops', 'step_costs', 'drafter_step', 'pipelined_seconds', 'trainer_step',
-           'regen_prompts', 'generated', 'generation_flops', 'stop_and_pad', 'regen_hf', 'worker_threads',
-           'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table', 'run_check', 'proof_budget',
-           'main', 'cli']
+__all__ = ['STAGES', 'VLLM_STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'STAGE_FUNCTIONS', 'BUSY_LOAD', 'ANSWER_TOKENS',
+           'CpuCheckConfig', 'parse_args', 'train_config', 'Check', 'machine', 'settings', 'new_check', 'hf_config',
+           'meta_target', 'target_dtype', 'target_model', 'drafter_cfg', 'features', 'synthetic_samples', 'samples',
+           'matmul_shapes', 'matmul_gflops', 'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row',
+           'target_forward', 'engine_features', 'trainer_parts', 'drafter_step_flops', 'step_costs', 'drafter_step',
+           'pipelined_seconds', 'trainer_step', 'regen_prompts', 'generated', 'generation_flops', 'stop_and_pad',
+           'regen_hf', 'worker_threads', 'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table',
+           'run_check', 'proof_budget', 'main', 'cli']
 
 # %% ../nbs/14_cpu_check.ipynb #12a3d45d
-STAGES = ("matmul_rates", "target_forward", "drafter_step", "trainer_step", "regen_hf", "regen_vllm")
+STAGES = ("matmul_rates", "target_forward", "engine_features", "drafter_step", "trainer_step", "regen_hf", "regen_vllm")
+VLLM_STAGES = ("engine_features", "regen_vllm")   # the stages that start a vLLM engine (the serving environment)
 VLLM_VARIANTS = {   # name -> (dtype, KV cache bytes, torch threads); None: the serving worker's default
     "old_defaults": ("float32", CPU_KV_CACHE_BYTES, 1),   # dflash-regen --engine vllm on a CPU before this check
     "defaults": ("auto", None, None),     # now: auto_dtype's pick, a KV cache from memory, every CPU's thread
@@ -274,6 +276,28 @@ def target_forward(ck: Check) -> dict:
     return dict(many, one_document=one, several_documents=many, dtype=str(tf.dtype)[6:], packing=tf.packing,
                 layers_run=tf.last_layer + 1, row_tokens=ck.train.max_tokens, note=note)
 
+# %% ../nbs/14_cpu_check.ipynb #47200133
+def engine_features(ck: Check) -> dict:
+    "Stage engine_features: rates of features from vLLM and from the hooks on the same rows, their ratio, bytes/token."
+    tf, model, (s, stream) = features(ck), target_model(ck), samples(ck)
+    rows = [packed_row(s, stream, r, ck.train.max_tokens) for r in range(ck.cfg.repeats + 1)]
+    lengths = [doc_lengths(r["doc_ids"]) for r in rows[1:]]
+    tokens, flops = sum(map(sum, lengths)), sum(target_row_flops(model, tf.last_layer, L) for L in lengths)
+    def measured(source) -> dict:   # after one untimed row
+        source(rows[0]["input_ids"], rows[0]["doc_ids"])
+        t = time.perf_counter()
+        for r in rows[1:]: source(r["input_ids"], r["doc_ids"])
+        return rates(ck, tokens, flops, time.perf_counter() - t)
+    hooks, dt = measured(tf), str(tf.dtype)[6:]
+    engine = open_engine_features(ck.cfg.target, tf.layer_ids, dt, load_timeout=ck.cfg.load_timeout,
+                                  max_model_len=ck.train.max_tokens + 1)
+    try: vllm = measured(engine)
+    finally: engine.release()
+    ratio, per_token = sig(vllm["tokens_per_s"] / hooks["tokens_per_s"]), tf.feature_size * tf.dtype.itemsize + 8
+    return dict(vllm, hooks=hooks, ratio=ratio, dtype=dt, bytes_per_token=per_token,
+                note=f"{dt}: ×{ratio:.3g} the hooks' {hooks['tokens_per_s']:.4g} tok/s in this run; {per_token:,} "
+                     "bytes a token (states and id) through files")
+
 # %% ../nbs/14_cpu_check.ipynb #d8282fd6
 def trainer_parts(ck: Check) -> tuple:
     "(the trainer's `Run` on this CPU, the host batches of a warm-up step and the timed steps, the features function)."
@@ -487,8 +511,8 @@ def prepare(cfg: CpuCheckConfig) -> Check:
     return ck
 
 # %% ../nbs/14_cpu_check.ipynb #3bbe4460
-STAGE_FUNCTIONS = dict(matmul_rates=matmul_rates, target_forward=target_forward, drafter_step=drafter_step,
-                       trainer_step=trainer_step, regen_hf=regen_hf, regen_vllm=regen_vllm)
+STAGE_FUNCTIONS = dict(matmul_rates=matmul_rates, target_forward=target_forward, engine_features=engine_features,
+                       drafter_step=drafter_step, trainer_step=trainer_step, regen_hf=regen_hf, regen_vllm=regen_vllm)
 
 def run_stage(ck: Check, name: str) -> dict:
     "Run stage `name` into `ck.result['stages']`, print its line, rewrite the JSON; the stage's record."

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from dflash_nb.commands import run_cli
-from dflash_nb.cpu_check import RESULT, STAGES, main
+from dflash_nb.cpu_check import RESULT, STAGES, VLLM_STAGES, main
 
 SCRIPT = Path(sys.executable).parent / "dflash-cpu-check"
 QUICK = ["--row-tokens", "64", "--anchors", "4", "--drafter-layers", "1", "--block-size", "4", "--repeats", "1",
          "--steps", "2", "--regen-prompts", "2", "--max-new-tokens", "4", "--threads", "1"]
-NO_VLLM = [s for s in STAGES if s != "regen_vllm"]
+NO_VLLM = [s for s in STAGES if s not in VLLM_STAGES]
 TINY = dict(vocab_size=512, hidden_size=64, num_layers=4, num_heads=2, num_kv_heads=1, head_dim=32,
             intermediate_size=128, pad_token_id=0, eos_token_id=1)
 
@@ -51,7 +51,7 @@ def test_the_whole_check_end_to_end(target, tmp_path):
     rec = json.loads(text)
     assert {"check", "started", "finished", "complete", "machine", "settings", "reference", "stages"} <= set(rec)
     assert rec["complete"] and list(rec["stages"]) == list(STAGES)
-    assert [s["status"] for s in rec["stages"].values()] == ["ok"] * 5 + ["skipped"]
+    assert [s["status"] for s in rec["stages"].values()] == ["skipped" if s in VLLM_STAGES else "ok" for s in STAGES]
     for name in NO_VLLM:
         r = rec["stages"][name]
         assert r["fraction"] > 0 and r["gflops"] > 0, (name, r)
@@ -72,11 +72,11 @@ def test_the_whole_check_end_to_end(target, tmp_path):
 def test_stages_skip_the_others_in_one_line_each(target, tmp_path, capsys):
     assert main(["--target", str(target), "--out", str(tmp_path / "o"), "--stages", "target_forward", *QUICK]) == 0
     said = capsys.readouterr().out
-    skipped = ["drafter_step", "trainer_step", "regen_hf", "regen_vllm"]
+    skipped = ["engine_features", "drafter_step", "trainer_step", "regen_hf", "regen_vllm"]
     assert [l for l in said.splitlines() if l.startswith("skipped: ")] == \
         [f"skipped: {s}: not in --stages" for s in skipped]
     rec = json.loads((tmp_path / "o" / RESULT).read_text())
-    assert [rec["stages"][s]["status"] for s in STAGES] == ["ok", "ok"] + ["skipped"] * 4   # the reference runs always
+    assert [rec["stages"][s]["status"] for s in STAGES] == ["ok", "ok"] + ["skipped"] * 5   # the reference runs always
 
 
 @pytest.mark.parametrize("argv, text", [
@@ -150,7 +150,7 @@ def test_sigterm_mid_stage_leaves_no_process_and_no_temp_file(target, tmp_path):
 
 
 @pytest.mark.slow
-def test_regen_vllm_where_the_serving_environment_exists(tmp_path):
+def test_the_vllm_stages_where_the_serving_environment_exists(tmp_path):
     from dflash_nb.serving import ServingUnavailable, serving_python
     try: serving_python()
     except ServingUnavailable as e: pytest.skip(str(e))
@@ -158,10 +158,14 @@ def test_regen_vllm_where_the_serving_environment_exists(tmp_path):
     from _serving_common import write_served_target   # the tiny target vLLM's CPU backend serves
     target = write_served_target(tmp_path / "served")
     out = tmp_path / "out"
-    p = check("--target", str(target), "--out", str(out), "--stages", "regen_vllm", "--vllm-variants", "old_defaults",
-              "--vllm-batch", "2", *QUICK, timeout=600)
+    p = check("--target", str(target), "--out", str(out), "--stages", "regen_vllm", "engine_features",
+              "--vllm-variants", "old_defaults", "--vllm-batch", "2", *QUICK, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads((out / RESULT).read_text())["stages"]["regen_vllm"]
+    stages = json.loads((out / RESULT).read_text())["stages"]
+    e = stages["engine_features"]   # the same rows' features from vLLM and from the hooks, in one run
+    assert e["status"] == "ok" and e["tokens_per_s"] > 0 and e["hooks"]["tokens_per_s"] > 0 and e["ratio"] > 0, e
+    assert e["bytes_per_token"] % (64 * 4) == 8 and e["dtype"] == "float32"   # layers of 64 floats, one 8-byte id
+    r = stages["regen_vllm"]
     assert r["status"] == "ok" and r["best"] == "old_defaults@2", r
     run = r["variants"]["old_defaults"]
     assert run["dtype"] == "float32" and run["kv_cache_memory_bytes"] == 512 << 20 and run["threads"] == 1
