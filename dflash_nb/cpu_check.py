@@ -283,8 +283,9 @@ def engine_features(ck: Check) -> dict:
     rows = [packed_row(s, stream, r, ck.train.max_tokens) for r in range(ck.cfg.repeats + 1)]
     lengths = [doc_lengths(r["doc_ids"]) for r in rows[1:]]
     tokens, flops = sum(map(sum, lengths)), sum(target_row_flops(model, tf.last_layer, L) for L in lengths)
-    def measured(source) -> dict:   # after one untimed row
-        source(rows[0]["input_ids"], rows[0]["doc_ids"])
+    first = []   # each source's features of the untimed first row: how far apart they are
+    def measured(source) -> dict:
+        first.append(source(rows[0]["input_ids"], rows[0]["doc_ids"]))
         t = time.perf_counter()
         for r in rows[1:]: source(r["input_ids"], r["doc_ids"])
         return rates(ck, tokens, flops, time.perf_counter() - t)
@@ -294,9 +295,12 @@ def engine_features(ck: Check) -> dict:
     try: vllm = measured(engine)
     finally: engine.release()
     ratio, per_token = sig(vllm["tokens_per_s"] / hooks["tokens_per_s"]), tf.feature_size * tf.dtype.itemsize + 8
-    return dict(vllm, hooks=hooks, ratio=ratio, dtype=dt, bytes_per_token=per_token,
+    gap, top = float((first[1].float() - first[0].float()).abs().max()), float(first[0].float().abs().max())
+    diff = sig(gap / top, 3)
+    return dict(vllm, hooks=hooks, ratio=ratio, dtype=dt, bytes_per_token=per_token, max_rel_diff=diff,
+                max_abs_diff=sig(gap, 3), max_abs=sig(top, 3),
                 note=f"{dt}: ×{ratio:.3g} the hooks' {hooks['tokens_per_s']:.4g} tok/s in this run; {per_token:,} "
-                     "bytes a token (states and id) through files")
+                     f"bytes a token through files; features within {diff:.2g} of the largest")
 
 # %% ../nbs/14_cpu_check.ipynb #d8282fd6
 def trainer_parts(ck: Check) -> tuple:

@@ -165,6 +165,7 @@ def test_the_vllm_stages_where_the_serving_environment_exists(tmp_path):
     e = stages["engine_features"]   # the same rows' features from vLLM and from the hooks, in one run
     assert e["status"] == "ok" and e["tokens_per_s"] > 0 and e["hooks"]["tokens_per_s"] > 0 and e["ratio"] > 0, e
     assert e["bytes_per_token"] % (64 * 4) == 8 and e["dtype"] == "float32"   # layers of 64 floats, one 8-byte id
+    assert e["max_rel_diff"] < 1e-5, e   # the same states: vLLM and the hooks compute one forward
     r = stages["regen_vllm"]
     assert r["status"] == "ok" and r["best"] == "old_defaults@2", r
     run = r["variants"]["old_defaults"]
