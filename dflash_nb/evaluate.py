@@ -24,13 +24,12 @@ from .train_config import TrainConfig
 from .build import build_target, tokenizer_dir
 from .decoding import (AcceptanceStats, acceptance_length, expected_speedup, forward_costs, generated_span,
                                 speculative_generate)
-from .tau import compare_decoding, first_turns, format_tau_table, prompt_set_tau, show_drafts
+from .tau import TauConfig, compare_decoding, first_turns, format_tau_table, prompt_set_tau, show_drafts
 from .sweep import check_sweep, check_vllm_args, costs_line, format_sweep, serve_prompt_sets, serve_sweep
 from .export import check_drafter_fits, checkpoint_drafter_config, checkpoint_weights, load_exported_drafter
 
 # %% auto #0
-__all__ = ['load_target_spec', 'load_drafter_dir', 'TauConfig', 'ServeOptions', 'EvalCommand', 'parse_args', 'run_eval', 'main',
-           'cli']
+__all__ = ['load_target_spec', 'load_drafter_dir', 'ServeOptions', 'EvalCommand', 'parse_args', 'run_eval', 'main', 'cli']
 
 # %% ../nbs/10a_evaluate.ipynb #2b370833
 def load_target_spec(
@@ -82,12 +81,6 @@ def _stop_ids(model, tokenizer=None) -> list[int]:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)
-
-# %% ../nbs/10a_evaluate.ipynb #b907a4b4
-@dataclasses.dataclass(kw_only=True)
-class TauConfig:
-    "How much held-out data τ is measured on: the setting `dflash-eval --data` and `dflash-train`'s `evaluate:` share."
-    num_samples: int = opt(64, "held-out samples τ is walked on (0: none, and dflash-train skips τ)", min=0)
 
 # %% ../nbs/10a_evaluate.ipynb #48ef3581
 @dataclasses.dataclass(kw_only=True)

@@ -4,15 +4,23 @@
 
 # %% ../nbs/09b_tau.ipynb #aa3811f1
 from __future__ import annotations
+from dataclasses import dataclass
 import torch
+from .config import opt
 from .decoding import AcceptanceStats, sample_generate, speculative_generate
 from .progress import progress
 from .prompts import MultiTurn
 from .records import normalize_messages
 
 # %% auto #0
-__all__ = ['format_drafts', 'show_drafts', 'compare_decoding', 'answer_turns', 'prompt_set_tau', 'format_tau_table',
+__all__ = ['TauConfig', 'format_drafts', 'show_drafts', 'compare_decoding', 'answer_turns', 'prompt_set_tau', 'format_tau_table',
            'first_turns']
+
+# %% ../nbs/09b_tau.ipynb #b907a4b4
+@dataclass(kw_only=True)
+class TauConfig:
+    "How much held-out data τ is measured on: the setting `dflash-eval --data` and `dflash-train`'s `evaluate:` share."
+    num_samples: int = opt(64, "held-out samples τ is walked on (0: none, and dflash-train skips τ)", min=0)
 
 # %% ../nbs/09b_tau.ipynb #c1a5e7b8
 def format_drafts(

@@ -14,7 +14,7 @@ from .config import opt, parse_cli, ConfigError, to_dict, invoked_as
 from .commands import run_cli, scratch_dir, Terminated, error_line
 from .records import DataConfig, load_tokenizer
 from .regen import MAX_THREADS, GenerateConfig, read_prompts, regenerate, serving_errors
-from .evaluate import TauConfig
+from .tau import TauConfig
 from .build import (
     dist_env, rank_devices, init_distributed, build_target, tokenizer_dir, drafter_config, build_drafter, precision,
     precision_line, check_sizes, check_tp_devices)
