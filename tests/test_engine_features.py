@@ -1,9 +1,11 @@
 """Target features from a vLLM engine (chapter 07d_engine_features, `train.target.source=vllm`) train the drafter as
-the in-process hooks do: a real engine of the serving environment on the servable tiny Qwen3, real tokenized data."""
+the in-process hooks do, one rank or two (each its own engine): a real engine of the serving environment on the
+servable tiny Qwen3, real tokenized data."""
 import os, signal, subprocess, sys
 import pytest
 from _serving_common import wait_for, worker_of, worker_tmp, write_served_target
-from _trainer_common import REPO, env, losses, make_data, train_cfg, train_dict, write_run_config
+from _trainer_common import (REPO, SUBPROCESS_THREADS, env, intra_op_threads, losses, make_data, run_module,
+                            train_cfg, train_dict, write_run_config)
 
 from dflash_nb.config import ConfigError
 from dflash_nb.trainer import train
@@ -66,3 +68,17 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, t
     assert proc.returncode == 2 and len(lines) == 1 and "killed by SIGKILL" in lines[0], err[-2000:]
     assert "'features'" in lines[0]
     assert not tmp.exists() and not os.path.exists(f"/proc/{worker}") and group_members(worker) == []
+
+
+def test_two_ranks_each_with_its_engine_lose_what_one_hooked_rank_loses(tmp_path, target_and_data):
+    "torchrun, 2 gloo ranks × 1 row, features from each rank's own vLLM engine == 1 rank × 2 rows on hooks."
+    target_dir, data_dir = target_and_data
+    kw = dict(steps=4, global_batch=2, drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]})
+    with intra_op_threads(SUBPROCESS_THREADS):         # the subprocesses' thread count: close to the last bits
+        train(train_cfg(tmp_path / "one", data_dir, target={**SERVED, "path": str(target_dir)}, **kw))
+    two = train_dict(tmp_path / "two", data_dir, target={**SERVED, "path": str(target_dir), "source": "vllm"}, **kw)
+    p = run_module(write_run_config(tmp_path / "two.yaml", two), torchrun=2, timeout=400)
+    assert p.returncode == 0 and "ranks 2" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+    want, got = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
