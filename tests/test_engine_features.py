@@ -1,7 +1,8 @@
 """Target features from a vLLM engine (chapter 07d_engine_features, `train.target.source=vllm`) train the drafter as
 the in-process hooks do, one rank or two (each its own engine): a real engine of the serving environment on the
 servable tiny Qwen3, real tokenized data."""
-import os, signal, subprocess, sys
+import os, signal, subprocess, sys, time
+from pathlib import Path
 import pytest
 from _serving_common import wait_for, worker_of, worker_tmp, write_served_target
 from _trainer_common import (REPO, SUBPROCESS_THREADS, env, intra_op_threads, losses, make_data, run_module,
@@ -14,30 +15,22 @@ from dflash_nb.vllm_worker import group_members
 pytestmark = pytest.mark.slow
 
 SERVED = {"path": None, "dtype": "float32"}   # the path is set per test: a directory vLLM can load
+RUN = dict(steps=10, global_batch=2, drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]})
+
+
+def with_tmpdir(tmp) -> list:
+    "The processes whose TMPDIR is `tmp`."
+    def env_of(pid):
+        try: return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError: return []
+    mark = f"TMPDIR={tmp}".encode()
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and mark in env_of(p)]
 
 
 @pytest.fixture(scope="module")
 def target_and_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("engine")
     return write_served_target(root / "target"), make_data(root / "data", n=16)
-
-
-def run(tmp, name, target_dir, data_dir, source, **kw):
-    cfg = train_cfg(tmp / name, data_dir, steps=10, target={**SERVED, "path": str(target_dir), "source": source},
-                    drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]}, **kw)
-    return train(cfg)
-
-
-def test_ten_steps_from_the_engine_lose_what_ten_from_the_hooks_lose(tmp_path, target_and_data):
-    target_dir, data_dir = target_and_data
-    hooks = run(tmp_path, "hooks", target_dir, data_dir, "hooks")
-    engine = run(tmp_path, "vllm", target_dir, data_dir, "vllm")
-    want, got = losses(tmp_path / "hooks"), losses(tmp_path / "vllm")
-    assert sorted(got) == sorted(want) == list(range(1, 11))
-    for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
-    assert hooks["steps"] == engine["steps"] == 10
-    left = [p for p in os.listdir("/dev/shm") if p.startswith("dflash")]   # the engine's worker ended with the run
-    assert not left, left
 
 
 def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, target_and_data):
@@ -71,14 +64,38 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, t
 
 
 def test_two_ranks_each_with_its_engine_lose_what_one_hooked_rank_loses(tmp_path, target_and_data):
-    "torchrun, 2 gloo ranks × 1 row, features from each rank's own vLLM engine == 1 rank × 2 rows on hooks."
+    """torchrun, 2 gloo ranks × 1 row, features from each rank's own vLLM engine, 10 steps == 1 rank × 2 rows on hooks
+    (relative 1e-4); every worker ends with the run."""
     target_dir, data_dir = target_and_data
-    kw = dict(steps=4, global_batch=2, drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]})
     with intra_op_threads(SUBPROCESS_THREADS):         # the subprocesses' thread count: close to the last bits
-        train(train_cfg(tmp_path / "one", data_dir, target={**SERVED, "path": str(target_dir)}, **kw))
-    two = train_dict(tmp_path / "two", data_dir, target={**SERVED, "path": str(target_dir), "source": "vllm"}, **kw)
+        train(train_cfg(tmp_path / "one", data_dir, target={**SERVED, "path": str(target_dir)}, **RUN))
+    two = train_dict(tmp_path / "two", data_dir, target={**SERVED, "path": str(target_dir), "source": "vllm"}, **RUN)
     p = run_module(write_run_config(tmp_path / "two.yaml", two), torchrun=2, timeout=400)
     assert p.returncode == 0 and "ranks 2" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
     want, got = losses(tmp_path / "one"), losses(tmp_path / "two")
-    assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+    assert sorted(got) == sorted(want) == list(range(1, 11))
+    for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith("dflash")]
+
+
+def test_a_killed_run_resumes_exactly_and_leaves_no_worker(tmp_path, target_and_data):
+    "SIGKILL after step 6 of 10 (its engine's worker follows its parent), resume=auto: the hooks' 10 losses (1e-4)."
+    target_dir, data_dir = target_and_data
+    run = {**RUN, "checkpoint": {"every": 5}}
+    with intra_op_threads(SUBPROCESS_THREADS):
+        train(train_cfg(tmp_path / "straight", data_dir, target={**SERVED, "path": str(target_dir)}, **run))
+    killed = train_dict(tmp_path / "killed", data_dir, target={**SERVED, "path": str(target_dir), "source": "vllm"},
+                        fault={"sigkill_at_step": 6}, **run)
+    cfg = write_run_config(tmp_path / "k.yaml", killed)
+    tmp = tmp_path / "tmp"; tmp.mkdir()   # the killed run's TMPDIR: its worker's own dir is made in it
+    p = subprocess.run([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], cwd=REPO, text=True,
+                       env=env(TMPDIR=str(tmp)), capture_output=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stdout[-2000:] + p.stderr[-2000:]
+    deadline = time.time() + 60   # the orphaned worker sees its parent gone, ends its group and removes its dir
+    while (left := [*tmp.glob("dflash_nb-vllm*"), *with_tmpdir(tmp)]) and time.time() < deadline: time.sleep(0.2)
+    assert not left, left
+    p = run_module(cfg, "train.resume=auto", "train.fault.sigkill_at_step=null")
+    assert p.returncode == 0 and "resumed" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    want, got = losses(tmp_path / "straight"), losses(tmp_path / "killed")
+    assert sorted(got) == sorted(want) == list(range(1, 11))
     for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
