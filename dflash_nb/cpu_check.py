@@ -33,10 +33,10 @@ __all__ = ['STAGES', 'VLLM_STAGES', 'VLLM_VARIANTS', 'ROW_TOKENS', 'RESULT', 'ST
            'CpuCheckConfig', 'parse_args', 'train_config', 'Check', 'machine', 'settings', 'new_check', 'hf_config',
            'meta_target', 'target_dtype', 'target_model', 'drafter_cfg', 'features', 'synthetic_samples', 'samples',
            'matmul_shapes', 'matmul_gflops', 'sig', 'rates', 'matmul_rates', 'doc_lengths', 'one_document_row',
-           'target_forward', 'engine_features', 'trainer_parts', 'drafter_step_flops', 'step_costs', 'drafter_step',
-           'pipelined_seconds', 'trainer_step', 'regen_prompts', 'generated', 'generation_flops', 'stop_and_pad',
-           'regen_hf', 'worker_threads', 'vllm_variant', 'regen_vllm', 'claim_out', 'prepare', 'run_stage', 'table',
-           'run_check', 'proof_budget', 'main', 'cli']
+           'timed_rows', 'target_forward', 'engine_features', 'trainer_parts', 'drafter_step_flops', 'step_costs',
+           'drafter_step', 'pipelined_seconds', 'trainer_step', 'regen_prompts', 'generated', 'generation_flops',
+           'stop_and_pad', 'regen_hf', 'worker_threads', 'vllm_variant', 'regen_vllm', 'claim_out', 'prepare',
+           'run_stage', 'table', 'run_check', 'proof_budget', 'main', 'cli']
 
 # %% ../nbs/14_cpu_check.ipynb #12a3d45d
 STAGES = ("matmul_rates", "target_forward", "engine_features", "drafter_step", "trainer_step", "regen_hf", "regen_vllm")
@@ -255,6 +255,13 @@ def one_document_row(ck: Check) -> torch.Tensor:
     return torch.tensor(s[int(s.lengths.argmax())]["input_ids"][:row])
 
 # %% ../nbs/14_cpu_check.ipynb #686cd980
+def timed_rows(source, rows: list) -> tuple:   # source: (input_ids, doc_ids) -> features, hooks or an engine
+    "(`source`'s features of the first row, untimed: a warm-up, and the seconds it takes for the other rows)."
+    first = source(rows[0]["input_ids"], rows[0]["doc_ids"])
+    t = time.perf_counter()
+    for r in rows[1:]: source(r["input_ids"], r["doc_ids"])
+    return first, time.perf_counter() - t
+
 def target_forward(ck: Check) -> dict:
     "Stage target_forward: tokens/s, useful GFLOP/s and fraction of the feature forward on one- and many-document rows."
     tf, model, n = features(ck), target_model(ck), ck.cfg.repeats
@@ -265,10 +272,7 @@ def target_forward(ck: Check) -> dict:
     one = rates(ck, len(ids), target_row_flops(model, tf.last_layer, [len(ids)]), secs)
     s, stream = samples(ck)
     rows = [packed_row(s, stream, r, ck.train.max_tokens) for r in range(n + 1)]
-    tf(rows[0]["input_ids"], rows[0]["doc_ids"])
-    t = time.perf_counter()
-    for r in rows[1:]: tf(r["input_ids"], r["doc_ids"])
-    secs, lengths = time.perf_counter() - t, [doc_lengths(r["doc_ids"]) for r in rows[1:]]
+    secs, lengths = timed_rows(tf, rows)[1], [doc_lengths(r["doc_ids"]) for r in rows[1:]]
     many = rates(ck, sum(map(sum, lengths)), sum(target_row_flops(model, tf.last_layer, L) for L in lengths), secs)
     many["docs_per_row"] = sig(statistics.fmean(map(len, lengths)), 3)
     note = (f"{str(tf.dtype)[6:]}, {tf.packing}, {tf.last_layer + 1} layers run; {many['docs_per_row']} docs/row; "
@@ -283,19 +287,15 @@ def engine_features(ck: Check) -> dict:
     rows = [packed_row(s, stream, r, ck.train.max_tokens) for r in range(ck.cfg.repeats + 1)]
     lengths = [doc_lengths(r["doc_ids"]) for r in rows[1:]]
     tokens, flops = sum(map(sum, lengths)), sum(target_row_flops(model, tf.last_layer, L) for L in lengths)
-    first = []   # each source's features of the untimed first row: how far apart they are
-    def measured(source) -> dict:
-        first.append(source(rows[0]["input_ids"], rows[0]["doc_ids"]))
-        t = time.perf_counter()
-        for r in rows[1:]: source(r["input_ids"], r["doc_ids"])
-        return rates(ck, tokens, flops, time.perf_counter() - t)
-    hooks, dt = measured(tf), str(tf.dtype)[6:]
+    want, hooks_s = timed_rows(tf, rows)
+    dt = str(tf.dtype)[6:]
     engine = open_engine_features(ck.cfg.target, tf.layer_ids, dt, load_timeout=ck.cfg.load_timeout,
                                   max_model_len=ck.train.max_tokens + 1)
-    try: vllm = measured(engine)
+    try: got, vllm_s = timed_rows(engine, rows)
     finally: engine.release()
-    ratio, per_token = sig(vllm["tokens_per_s"] / hooks["tokens_per_s"]), tf.feature_size * tf.dtype.itemsize + 8
-    gap, top = float((first[1].float() - first[0].float()).abs().max()), float(first[0].float().abs().max())
+    hooks, vllm = rates(ck, tokens, flops, hooks_s), rates(ck, tokens, flops, vllm_s)
+    ratio, per_token = sig(hooks_s / vllm_s), tf.feature_size * tf.dtype.itemsize + 8
+    gap, top = float((got.float() - want.float()).abs().max()), float(want.float().abs().max())   # the first row
     diff = sig(gap / top, 3)
     return dict(vllm, hooks=hooks, ratio=ratio, dtype=dt, bytes_per_token=per_token, max_rel_diff=diff,
                 max_abs_diff=sig(gap, 3), max_abs=sig(top, 3),

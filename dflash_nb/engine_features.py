@@ -61,7 +61,7 @@ class EngineFeatures:
 
 # %% ../nbs/07d_engine_features.ipynb #b941c95c
 def open_engine_features(target_dir, layer_ids, dtype: str = "float32", hooks=None, **engine_kwargs) -> EngineFeatures:
-    "Start a vLLM engine on `target_dir` that returns the states after our `layer_ids`; close `.engine` when done."
+    "Start a vLLM engine on `target_dir` that returns the states after our `layer_ids`; `release()` it when done."
     try: cfg = json.loads((Path(target_dir) / "config.json").read_text())
     except (OSError, ValueError) as e: raise ConfigError(f"{target_dir}: no readable config.json ({e})") from None
     cfg = cfg.get("text_config", cfg)

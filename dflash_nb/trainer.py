@@ -209,8 +209,7 @@ def _rank_setup(cfg: TrainConfig):
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
               log_prefix: str = "",
-              locks: Optional[list] = None) -> Run:   # the run dir's lock (and a feature engine) appended: the caller
-                                                      # releases them
+              locks: Optional[list] = None) -> Run:   # the run dir's lock and a feature engine: the caller releases
     "Processes, devices, the locked run dir, data, models, optimizer, schedule and attention backend of a run."
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------

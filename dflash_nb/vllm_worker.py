@@ -163,6 +163,7 @@ class Worker:
             os.environ.setdefault("OMP_NUM_THREADS", str(available_cpus()))
             os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # idle threads sleep: no spinning against a neighbour
         self.llm = LLM(**with_cpu_defaults(llm_kwargs(req), current_platform.is_cpu()))
+        self.flushed = []   # `features`: the file of its last flush request, written by the next call's steps
         self.load_seconds = time.perf_counter() - t0
 
     def generate(self, req: dict) -> dict:
@@ -183,9 +184,9 @@ class Worker:
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in req["prompts"]], one,
                                  use_tqdm=False)
         flush = self.llm.generate([TokensPrompt(prompt_token_ids=[0])], one, use_tqdm=False)   # one more step
-        for f in getattr(self, "_flushed", []):   # the previous flush's own file, written by this call's steps
+        for f in self.flushed:
             with contextlib.suppress(FileNotFoundError): os.remove(f)
-        self._flushed = [flush[0].kv_transfer_params["hidden_states_path"]]
+        self.flushed = [flush[0].kv_transfer_params["hidden_states_path"]]
         files = [o.kv_transfer_params["hidden_states_path"] for o in outs]
         return {"files": files, "seconds": time.perf_counter() - t0}
 
