@@ -38,9 +38,16 @@ def small(tmp_path_factory):
     return args, d
 
 
-def start(args, out) -> subprocess.Popen:
-    return subprocess.Popen([str(BIN / "dflash-regen"), *map(str, args(out))], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+# A slow disk (fault injection): each fsync takes half a second, so a shard's temp file stays on disk long enough for a
+# SIGKILL sent after it is seen to land inside the write. On a fast disk the rename could beat the signal.
+SLOW_DISK = ("import os, sys, time; f = os.fsync; os.fsync = lambda fd: (time.sleep(0.5), f(fd))[1]; "
+             "from dflash_nb.regen import cli; sys.exit(cli())")
+
+
+def start(args, out, slow_disk=False) -> subprocess.Popen:
+    cmd = [sys.executable, "-c", SLOW_DISK] if slow_disk else [str(BIN / "dflash-regen")]
+    return subprocess.Popen([*cmd, *map(str, args(out))], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 @pytest.mark.slow   # two runs of the console script (~30 s each on the loaded 2-core machine)
@@ -50,7 +57,7 @@ def test_kills_resume_to_the_same_bytes_and_the_lock_holds(small, tmp_path):
     run wrote, and leaves no temp file and no lock behind."""
     args, d = small
     out = tmp_path / "killed"
-    p = start(args, out)
+    p = start(args, out, slow_disk=True)
     assert wait_for(lambda: (out / LOCK).exists(), p), p.communicate()
     rc, _, err = run_main(*args(out))                        # a second run on the same out dir, while the first works
     assert rc == 2 and err.count("\n") == 1 and f"{out} is in use by pid {p.pid} on host" in err, err
