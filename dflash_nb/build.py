@@ -18,6 +18,7 @@ from .attention import select_backend
 from .model import (
     DrafterConfig, resolve_mask_token_id, DFlashDrafter, check_target_layer_ids, read_exported_config)
 from .target import tiny_target, load_target
+from .engine_features import load_target_head   # train.target.source=vllm
 
 # %% auto #0
 __all__ = ['dist_env', 'rank_devices', 'init_distributed', 'check_tp_devices', 'cpu_bf16', 'drafter_autocast', 'precision',
@@ -152,7 +153,7 @@ def tokenizer_dir(tc: TargetConfig) -> Path:
 def build_target(tc: TargetConfig, device: torch.device,
                  root=None,                  # a split tiny target is saved here first (the run dir)
                  timeout_s: float = 1800.0): # train.collective_timeout_s, for the TP group's collectives
-    "The frozen target CausalLM on `device`: whole, or with `tp_size` > 1 this rank's slices of it (chapter Parallel)."
+    "The frozen target CausalLM on `device`: whole, or with `tp_size` > 1 this rank's slices; its head alone for vLLM."
     dt = _dtype(tc.dtype, device)
     if tc.tp_size > 1:
         layout(tc.tp_size)    # a world that tp does not divide: one line, before any collective
@@ -160,6 +161,7 @@ def build_target(tc: TargetConfig, device: torch.device,
         mesh = tp_mesh(tc.tp_size, device.type, timeout_s)
         path = tc.path or saved_tiny_target(tc.tiny, dt, root or ".")
         return load_target_tp(path, mesh, dt, device, tc.attn_implementation)
+    if tc.source == "vllm": return load_target_head(tc.path, dt, device)   # the engine runs its layers
     if tc.path is None: return tiny_target(**{**tc.tiny, "dtype": dt}).to(device)
     return load_target(tc.path, dtype=dt, device=device, attn_implementation=tc.attn_implementation)
 
@@ -365,7 +367,8 @@ def _target_parts(tc: TargetConfig, device: torch.device) -> tuple[dict, dict]:
     kvh, I = _whole(d, "num_key_value_heads", src, nh), _whole(d, "intermediate_size", src)
     hd = _whole(d, "head_dim", src, max(1, H // nh))
     _ids_in_vocab({f"{src}{k}": d.get(k) for k in ("pad_token_id", "eos_token_id", "bos_token_id")}, V)
-    params = V * H * (1 if d.get("tie_word_embeddings") else 2) + L * (2 * H * nh * hd + 2 * H * kvh * hd + 3 * H * I)
+    held = 0 if tc.source == "vllm" else L      # source=vllm: the engine holds the decoder layers
+    params = V * H * (1 if d.get("tie_word_embeddings") else 2) + held * (2 * H * nh * hd + 2 * H * kvh * hd + 3 * H * I)
     size = 2 if tc.dtype in ("auto", "bfloat16", "float16") else 4       # auto: bfloat16 at the least
     dims = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kvh,
                 head_dim=hd, intermediate_size=I)

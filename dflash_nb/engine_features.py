@@ -4,7 +4,7 @@
 
 # %% ../nbs/07d_engine_features.ipynb #f28e98b9
 from __future__ import annotations
-import json
+import copy, json
 from pathlib import Path
 import torch
 from safetensors.torch import load_file
@@ -14,7 +14,7 @@ from .serving import ServingError, VLLMEngine
 from .target import document_spans
 
 # %% auto #0
-__all__ = ['engine_layer_ids', 'read_states', 'EngineFeatures', 'open_engine_features', 'check_engine_source']
+__all__ = ['engine_layer_ids', 'read_states', 'EngineFeatures', 'open_engine_features', 'check_engine_source', 'load_target_head']
 
 # %% ../nbs/07d_engine_features.ipynb #37eafce4
 def engine_layer_ids(layer_ids) -> list[int]:
@@ -78,3 +78,23 @@ def check_engine_source(path, tp_size: int, distill_weight: float):   # train.ta
     elif tp_size > 1: why = f"train.target.tp_size={tp_size} (split it with the engine's tensor_parallel_size)"
     elif distill_weight > 0: why = f"train.loss.distill_weight={distill_weight} (vLLM writes no final-norm states)"
     if why: raise ConfigError(f"train.target.source=vllm with {why}")
+
+# %% ../nbs/07d_engine_features.ipynb #4b83ef59
+def load_target_head(path, dtype: torch.dtype, device) -> torch.nn.Module:
+    "The target CausalLM at `path` with its embedding, final norm and lm_head on `device`; decoder layers on meta."
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+    cfg = AutoConfig.from_pretrained(path)
+    with torch.device("meta"): model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    no_layers = copy.deepcopy(cfg)
+    text = no_layers.get_text_config()
+    text.num_hidden_layers = 0
+    if getattr(text, "layer_types", None) is not None: text.layer_types = []
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()   # the layers' weights are left unread on purpose: no report listing them
+    try: head = AutoModelForCausalLM.from_pretrained(path, config=no_layers, dtype=dtype, device_map={"": str(device)})
+    finally: hf_logging.set_verbosity(level)
+    for name, t in [*head.named_parameters(remove_duplicate=False), *head.named_buffers(remove_duplicate=False)]:
+        owner, _, leaf = name.rpartition(".")   # the same class, so the same names: a tied lm_head shares its tensor
+        setattr(model.get_submodule(owner), leaf, t)
+    return model.eval().requires_grad_(False)

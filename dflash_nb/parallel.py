@@ -183,6 +183,7 @@ def held_bytes(model: nn.Module) -> dict:
     "Bytes of `model`'s weights this rank holds: {'split': its slices of split weights, 'whole': weights held whole}."
     out = {"split": 0, "whole": 0}
     for p in model.parameters():
+        if p.is_meta: continue   # not held here (a target whose layers an engine runs: chapter 07d)
         local = p.to_local() if is_split(p) else p
         out["split" if is_split(p) else "whole"] += local.numel() * local.element_size()
     return out

@@ -239,7 +239,7 @@ def build_run(cfg: TrainConfig,
     else: drafter_cfg = drafter_config(target, cfg.drafter, tokenizer)
     features = TargetFeatures(target, drafter_cfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
     paths = fast_paths(target)
-    if rank == 0:
+    if rank == 0 and cfg.target.source == "hooks":   # with vllm the engine runs the forward, with its own kernels
         print(f"{log_prefix}{fast_paths_line(paths)}", flush=True)
         (run_dir / "target_fast_paths.json").write_text(json.dumps(paths, indent=1) + "\n")
     drafter = build_drafter(drafter_cfg, features, drafter_device, cfg.seed)

@@ -1,14 +1,15 @@
 """Target features from a vLLM engine (chapter 07d_engine_features, `train.target.source=vllm`) train the drafter as
 the in-process hooks do, one rank or two (each its own engine): a real engine of the serving environment on the
 servable tiny Qwen3, real tokenized data."""
-import os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from _serving_common import wait_for, worker_of, worker_tmp, write_served_target
 from _trainer_common import (REPO, SUBPROCESS_THREADS, env, intra_op_threads, losses, make_data, run_module,
                             train_cfg, train_dict, write_run_config)
 
-from dflash_nb.config import ConfigError
+from dflash_nb.config import ConfigError, from_dict
+from dflash_nb.train import RunConfig, check_run
 from dflash_nb.trainer import train
 from dflash_nb.vllm_worker import group_members
 
@@ -40,6 +41,12 @@ def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, tar
         cfg = train_cfg(tmp_path / "run", data_dir, steps=2, target=target, loss=loss)
         with pytest.raises(ConfigError, match=says): train(cfg)
         assert not (tmp_path / "run" / "checkpoints").exists()
+    target_dir, _ = target_and_data   # τ and regeneration with the HF engine need the whole target in process
+    for run, says in (({}, "with evaluate.num_samples > 0: this process holds only the target's head"),
+                      ({"evaluate": {"num_samples": 0}, "regenerate": {"prompts": "bundled"}}, "regenerate.engine=hf")):
+        cfg = from_dict(RunConfig, {"train": {"run_dir": str(tmp_path / "r"), "data_dir": str(data_dir),
+                                              "target": {"source": "vllm", "path": str(target_dir)}}, **run})
+        with pytest.raises(ConfigError, match=says): check_run(cfg)
 
 
 def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, target_and_data):
@@ -76,6 +83,10 @@ def test_two_ranks_each_with_its_engine_lose_what_one_hooked_rank_loses(tmp_path
     assert sorted(got) == sorted(want) == list(range(1, 11))
     for step in want: assert abs(got[step] - want[step]) <= 1e-4 * abs(want[step]), (step, got[step], want[step])
     assert not [p for p in os.listdir("/dev/shm") if p.startswith("dflash")]
+    c = json.loads((target_dir / "config.json").read_text())   # the trainer held the target's head, no layer
+    head = 4 * (c["vocab_size"] * c["hidden_size"] * (1 if c.get("tie_word_embeddings") else 2) + c["hidden_size"])
+    held = json.loads((tmp_path / "two" / "summary.json").read_text())["cost"]["target"]
+    assert round(held["whole_gb_per_rank"] * 1e9) == head and held["split_gb_per_rank"] == 0, held
 
 
 def test_a_killed_run_resumes_exactly_and_leaves_no_worker(tmp_path, target_and_data):
