@@ -368,7 +368,7 @@ def _target_parts(tc: TargetConfig, device: torch.device) -> tuple[dict, dict]:
     hd = _whole(d, "head_dim", src, max(1, H // nh))
     _ids_in_vocab({f"{src}{k}": d.get(k) for k in ("pad_token_id", "eos_token_id", "bos_token_id")}, V)
     held = 0 if tc.source == "vllm" else L      # source=vllm: the engine holds the decoder layers
-    params = V * H * (1 if d.get("tie_word_embeddings") else 2) + held * (2 * H * nh * hd + 2 * H * kvh * hd + 3 * H * I)
+    params = V * H * (1 if d.get("tie_word_embeddings") else 2) + held * (2*H*nh*hd + 2*H*kvh*hd + 3*H*I)
     size = 2 if tc.dtype in ("auto", "bfloat16", "float16") else 4       # auto: bfloat16 at the least
     dims = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=nh, num_key_value_heads=kvh,
                 head_dim=hd, intermediate_size=I)
