@@ -60,6 +60,8 @@ class TargetConfig:
     source: Literal["hooks", "vllm"] = opt("hooks", "where the features come from: hooks = forward hooks on the target "
                                                     "in this process; vllm = a vLLM engine of the serving environment "
                                                     "runs the target (chapter 07d_engine_features)")
+    engine_timeout_s: Optional[float] = opt(None, "source=vllm: seconds one row's features may take before the run "
+                                                  "ends in one line (None: DFLASH_WORKER_TIMEOUT, else 3600)", gt=0)
 
 # %% ../nbs/08c_train_config.ipynb #554f8cdb
 @dataclass

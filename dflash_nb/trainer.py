@@ -256,7 +256,8 @@ def build_run(cfg: TrainConfig,
                                 run_dir=run_dir if rank == 0 else None)
     if cfg.target.source == "vllm":   # the engine starts last, after every cheaper refusal; the caller ends it
         dt = str(features.dtype).removeprefix("torch.")
-        features = open_engine_features(cfg.target.path, drafter_cfg.target_layer_ids, dt, hooks=features)
+        features = open_engine_features(cfg.target.path, drafter_cfg.target_layer_ids, dt, hooks=features,
+                                        timeout=cfg.target.engine_timeout_s)
         locks.append(features)
     return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, layout=lay, distributed=distributed,
                target_device=target_device, drafter_device=drafter_device, accum=cfg.global_batch // world,

@@ -49,11 +49,15 @@ def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, tar
         with pytest.raises(ConfigError, match=says): check_run(cfg)
 
 
-def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, target_and_data):
-    """The run's own vLLM worker SIGKILLed mid-run: one line, exit 2, no worker, no feature files (a hung worker takes
-    the same path after DFLASH_WORKER_TIMEOUT: chapter 01g's `_call`)."""
+@pytest.mark.parametrize("fault, timeout_s, says", [(signal.SIGKILL, None, "killed by SIGKILL"),
+                                                    (signal.SIGSTOP, 20, "did not answer 'features' within 20 s")])
+def test_a_worker_that_dies_or_hangs_ends_the_run_in_one_line_leaving_nothing(tmp_path, target_and_data, fault,
+                                                                               timeout_s, says):
+    """The run's own vLLM worker SIGKILLed, or stopped (SIGSTOP) past train.target.engine_timeout_s, mid-run: one line,
+    exit 2, no worker, no feature files."""
     target_dir, data_dir = target_and_data
-    train = train_dict(tmp_path / "run", data_dir, steps=500, target={**SERVED, "path": str(target_dir), "source": "vllm"},
+    target = {**SERVED, "path": str(target_dir), "source": "vllm", "engine_timeout_s": timeout_s}
+    train = train_dict(tmp_path / "run", data_dir, steps=500, target=target,
                        drafter={"num_hidden_layers": 1, "block_size": 4, "target_layer_ids": [2, 0]})
     cfg = write_run_config(tmp_path / "run.yaml", train)
     proc = subprocess.Popen([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], cwd=REPO, text=True,
@@ -62,10 +66,10 @@ def test_a_worker_that_dies_ends_the_run_in_one_line_leaving_nothing(tmp_path, t
     assert wait_for(lambda: metrics.exists() and len(losses(tmp_path / "run")) >= 2, proc), proc.communicate()
     worker = worker_of(proc.pid)
     tmp = worker_tmp(worker)
-    os.kill(worker, signal.SIGKILL)
-    out, err = proc.communicate(timeout=120)
+    os.kill(worker, fault)
+    out, err = proc.communicate(timeout=180)
     lines = [l for l in err.splitlines() if "error:" in l or "Traceback" in l]
-    assert proc.returncode == 2 and len(lines) == 1 and "killed by SIGKILL" in lines[0], err[-2000:]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], err[-2000:]
     assert "'features'" in lines[0]
     assert not tmp.exists() and not os.path.exists(f"/proc/{worker}") and group_members(worker) == []
 
