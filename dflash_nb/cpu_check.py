@@ -298,6 +298,7 @@ def engine_features(ck: Check) -> dict:
     gap, top = float((got.float() - want.float()).abs().max()), float(want.float().abs().max())   # the first row
     diff = sig(gap / top, 3)
     return dict(vllm, hooks=hooks, ratio=ratio, dtype=dt, bytes_per_token=per_token, max_rel_diff=diff,
+                peak_file_bytes=engine.peak_bytes, row_tokens=ck.train.max_tokens,   # one row's files at a time
                 max_abs_diff=sig(gap, 3), max_abs=sig(top, 3),
                 note=f"{dt}: ×{ratio:.3g} the hooks' {hooks['tokens_per_s']:.4g} tok/s in this run; {per_token:,} "
                      f"bytes a token through files; features within {diff:.2g} of the largest")

@@ -40,6 +40,7 @@ class EngineFeatures:
         self.layer_ids = [int(i) for i in layer_ids]
         self.hooks, ids = hooks, engine_layer_ids(self.layer_ids)
         self.columns = [ids.index(i + 1) for i in self.layer_ids]
+        self.peak_bytes = 0   # the most file bytes on disk at once: one row's (rows are read one at a time)
 
     def __getattr__(self, name):   # embed_tokens, lm_head, device, model, ...: the hooked target's
         if self.__dict__.get("hooks") is None: raise AttributeError(name)
@@ -55,6 +56,7 @@ class EngineFeatures:
         spans = document_spans(doc_ids)
         docs = [input_ids[s:e].tolist() for s, e in spans]
         files = self.engine.hidden_state_files(docs) if docs else []
+        self.peak_bytes = max(self.peak_bytes, sum(Path(f).stat().st_size for f in files))
         for (s, e), doc, f in zip(spans, docs, files):
             out[s:e] = read_states(f, doc, self.columns).to(self.dtype)
         return out

@@ -166,6 +166,8 @@ def test_the_vllm_stages_where_the_serving_environment_exists(tmp_path):
     assert e["status"] == "ok" and e["tokens_per_s"] > 0 and e["hooks"]["tokens_per_s"] > 0 and e["ratio"] > 0, e
     assert e["bytes_per_token"] % (64 * 4) == 8 and e["dtype"] == "float32"   # layers of 64 floats, one 8-byte id
     assert e["max_rel_diff"] < 1e-5, e   # the same states: vLLM and the hooks compute one forward
+    row = e["row_tokens"] * e["bytes_per_token"]   # the transport holds one row's files on disk at a time
+    assert 0 < e["peak_file_bytes"] <= row + 64 * 1024, e   # + the files' headers (a few hundred bytes each)
     r = stages["regen_vllm"]
     assert r["status"] == "ok" and r["best"] == "old_defaults@2", r
     run = r["variants"]["old_defaults"]
