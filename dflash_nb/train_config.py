@@ -60,6 +60,8 @@ class TargetConfig:
     source: Literal["hooks", "vllm"] = opt("hooks", "where the features come from: hooks = forward hooks on the target "
                                                     "in this process; vllm = a vLLM engine of the serving environment "
                                                     "runs the target (chapter 07d_engine_features)")
+    engine_tp_size: int = opt(1, "source=vllm: the engine's tensor_parallel_size, the devices (on a CPU: processes) "
+                                 "it splits the target over", min=1)
     engine_timeout_s: Optional[float] = opt(None, "source=vllm: seconds one row's features may take before the run "
                                                   "ends in one line (None: DFLASH_WORKER_TIMEOUT, else 3600)", gt=0)
 

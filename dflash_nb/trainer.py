@@ -257,7 +257,8 @@ def build_run(cfg: TrainConfig,
     if cfg.target.source == "vllm":   # the engine starts last, after every cheaper refusal; the caller ends it
         dt = str(features.dtype).removeprefix("torch.")
         features = open_engine_features(cfg.target.path, drafter_cfg.target_layer_ids, dt, hooks=features,
-                                        timeout=cfg.target.engine_timeout_s)
+                                        timeout=cfg.target.engine_timeout_s,
+                                        tensor_parallel_size=cfg.target.engine_tp_size)
         locks.append(features)
     return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, layout=lay, distributed=distributed,
                target_device=target_device, drafter_device=drafter_device, accum=cfg.global_batch // world,

@@ -94,13 +94,14 @@ def test_two_ranks_each_with_its_engine_lose_what_one_hooked_rank_loses(tmp_path
 
 
 def test_a_killed_run_resumes_exactly_and_leaves_no_worker(tmp_path, target_and_data):
-    "SIGKILL after step 6 of 10 (its engine's worker follows its parent), resume=auto: the hooks' 10 losses (1e-4)."
+    """SIGKILL after step 6 of 10 (its engine, split over two processes, follows its parent), resume=auto on an
+    unsplit engine: the hooks' 10 losses (1e-4)."""
     target_dir, data_dir = target_and_data
     run = {**RUN, "checkpoint": {"every": 5}}
     with intra_op_threads(SUBPROCESS_THREADS):
         train(train_cfg(tmp_path / "straight", data_dir, target={**SERVED, "path": str(target_dir)}, **run))
-    killed = train_dict(tmp_path / "killed", data_dir, target={**SERVED, "path": str(target_dir), "source": "vllm"},
-                        fault={"sigkill_at_step": 6}, **run)
+    target = {**SERVED, "path": str(target_dir), "source": "vllm", "engine_tp_size": 2}   # the engine: two processes
+    killed = train_dict(tmp_path / "killed", data_dir, target=target, fault={"sigkill_at_step": 6}, **run)
     cfg = write_run_config(tmp_path / "k.yaml", killed)
     tmp = tmp_path / "tmp"; tmp.mkdir()   # the killed run's TMPDIR: its worker's own dir is made in it
     p = subprocess.run([sys.executable, "-m", "dflash_nb.train", "--config", str(cfg)], cwd=REPO, text=True,
@@ -109,7 +110,7 @@ def test_a_killed_run_resumes_exactly_and_leaves_no_worker(tmp_path, target_and_
     deadline = time.time() + 60   # the orphaned worker sees its parent gone, ends its group and removes its dir
     while (left := [*tmp.glob("dflash_nb-vllm*"), *with_tmpdir(tmp)]) and time.time() < deadline: time.sleep(0.2)
     assert not left, left
-    p = run_module(cfg, "train.resume=auto", "train.fault.sigkill_at_step=null")
+    p = run_module(cfg, "train.resume=auto", "train.fault.sigkill_at_step=null", "train.target.engine_tp_size=1")
     assert p.returncode == 0 and "resumed" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     want, got = losses(tmp_path / "straight"), losses(tmp_path / "killed")
     assert sorted(got) == sorted(want) == list(range(1, 11))
