@@ -114,3 +114,27 @@ def test_train_runs_on_smollm2(smollm2, tmp_path):
                     str(tmp_path / "run" / "data" / "heldout"), "--num-samples", "2",
                     "--json", str(tmp_path / "tau.json")])
     assert json.loads((tmp_path / "tau.json").read_text()) and out
+
+
+@pytest.mark.slow
+def test_vllm_features_equal_the_hooks_on_a_packed_row(smollm2, converted):
+    """SmolLM2's features from a vLLM engine (chapter 07d, `train.target.source=vllm`) equal the in-process hooks' on a
+    packed row of three chat documents and padding: within 1e-5 of the largest value in fp32 (SmolLM2's massive
+    activations reach ~2.5e4, so an absolute bound would say little; measured 6e-8)."""
+    from dflash_nb.engine_features import open_engine_features
+    from dflash_nb.serving import ServingUnavailable, serving_python
+    from dflash_nb.target import TargetFeatures
+    try: serving_python()
+    except ServingUnavailable as e: pytest.skip(str(e))
+    tok, model = converted
+    docs = [_chat_ids(tok, p)[0] for p in PROMPTS[:3]]
+    ids = torch.cat([*docs, torch.zeros(3, dtype=torch.long)])
+    doc_ids = torch.cat([*(torch.full((len(d),), i) for i, d in enumerate(docs)), torch.full((3,), -1)])
+    layers = [28, 1, 15]
+    want = TargetFeatures(model, layers)(ids, doc_ids)
+    source = open_engine_features(smollm2, layers, max_model_len=512)
+    try: got = source(ids, doc_ids)
+    finally: source.release()
+    gap, top = (got - want).abs().max().item(), want.abs().max().item()
+    assert got.shape == want.shape and gap <= 1e-5 * top and top > 1e3, (gap, top)
+    assert got[-3:].abs().sum() == 0
