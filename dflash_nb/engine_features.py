@@ -14,7 +14,8 @@ from .serving import ServingError, VLLMEngine
 from .target import document_spans
 
 # %% auto #0
-__all__ = ['engine_layer_ids', 'read_states', 'EngineFeatures', 'open_engine_features', 'check_engine_source', 'load_target_head']
+__all__ = ['engine_layer_ids', 'read_states', 'EngineFeatures', 'open_engine_features', 'check_engine_source', 'engine_gpus',
+           'load_target_head']
 
 # %% ../nbs/07d_engine_features.ipynb #37eafce4
 def engine_layer_ids(layer_ids) -> list[int]:
@@ -80,6 +81,22 @@ def check_engine_source(path, tp_size: int, distill_weight: float):   # train.ta
     elif tp_size > 1: why = f"train.target.tp_size={tp_size} (split it with the engine's tensor_parallel_size)"
     elif distill_weight > 0: why = f"train.loss.distill_weight={distill_weight} (vLLM writes no final-norm states)"
     if why: raise ConfigError(f"train.target.source=vllm with {why}")
+
+# %% ../nbs/07d_engine_features.ipynb #7d98b7c2
+def engine_gpus(target_device, tp_size: int, drafter_device, count: int,   # count: the CUDA devices this process sees
+                visible: str | None = None) -> str | None:   # visible: this process's CUDA_VISIBLE_DEVICES
+    "CUDA_VISIBLE_DEVICES for this rank's engine: `target_device` and the next `tp_size - 1` GPUs; None off CUDA."
+    if torch.device(target_device).type != "cuda": return None
+    first = torch.device(target_device).index or 0
+    mine = list(range(first, first + tp_size))
+    where = f"train.target.source=vllm on {target_device} with engine_tp_size={tp_size}"
+    if mine[-1] >= count: raise ConfigError(f"{where} needs GPUs {first}..{mine[-1]}; this process sees {count}")
+    d = torch.device(drafter_device)
+    if d.type == "cuda" and (d.index or 0) in mine:
+        raise ConfigError(f"{where}: the drafter's {d} is one of the engine's GPUs; "
+                          "give each rank its own [target, drafter] pair in train.devices")
+    ids = [x.strip() for x in visible.split(",")] if visible else [str(i) for i in range(count)]
+    return ",".join(ids[i] for i in mine)
 
 # %% ../nbs/07d_engine_features.ipynb #4b83ef59
 def load_target_head(path, dtype: torch.dtype, device) -> torch.nn.Module:

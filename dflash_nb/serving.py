@@ -90,6 +90,7 @@ class VLLMEngine:
                  timeout: float | None = None,       # seconds a request after the load may wait for its answer
                  load_timeout: float | None = None,  # seconds the load may take (None, both: the default above)
                  feature_layers: list[int] | None = None,   # vLLM's layer ids: a feature source (`hidden_state_files`)
+                 cuda_visible_devices: str | None = None,   # the worker's GPUs (None: this process's)
                  **engine_kwargs):
         self.log = collections.deque(maxlen=200)  # the worker's last lines of output: vLLM's log
         env = os.environ.get("DFLASH_WORKER_TIMEOUT")
@@ -97,6 +98,7 @@ class VLLMEngine:
         self.timeout = default if timeout is None else timeout_seconds(timeout, "--worker-timeout")
         self.load_timeout = default if load_timeout is None else timeout_seconds(load_timeout, "--load-timeout")
         python, self.proc, self._shm = serving_python(), None, set()
+        self._gpus = {} if cuda_visible_devices is None else {"CUDA_VISIBLE_DEVICES": cuda_visible_devices}
         self._tmp = worker_tmp_dir()       # vLLM leaves files in TMPDIR: its own, removed by close
         try: self._start(python)
         except BaseException:                     # the worker did not start: nothing of it to keep
@@ -123,7 +125,7 @@ def _start(self: VLLMEngine, python: str):
                                      stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=(r,),
                                      start_new_session=True,
                                      env={**os.environ, "TMPDIR": self._tmp, PARENT_FD_ENV: str(r),
-                                          TMP_ENV: self._tmp})
+                                          TMP_ENV: self._tmp, **self._gpus})
     except BaseException:
         os.close(w)
         raise

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08h_trainer.ipynb #bb20ab16
 from __future__ import annotations
-import contextlib, json, signal, threading, time
+import contextlib, json, os, signal, threading, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,7 +36,7 @@ from .records import load_tokenizer
 from .attention import AnchorBlockLayout
 from .loss import block_loss, expected_acceptance_length
 from .target import TargetFeatures
-from .engine_features import check_engine_source, open_engine_features   # train.target.source=vllm
+from .engine_features import check_engine_source, engine_gpus, open_engine_features   # train.target.source=vllm
 from .target import fast_paths, fast_paths_line   # the kernels the target forward (most of an epoch) runs
 from .tracking import Trackers, require_trackers
 
@@ -205,6 +205,14 @@ def _rank_setup(cfg: TrainConfig):
         raise ConfigError(f"global_batch {cfg.global_batch} is not divisible by the {world} ranks")
     return rank, world, lay, target_device, drafter_device, distributed
 
+def _engine_devices(cfg: TrainConfig, target_device, drafter_device) -> tuple:
+    "source=vllm: its refusals, then (the engine's GPUs, None on a CPU; the drafter's device, where the head goes)."
+    if cfg.target.source != "vllm": return None, target_device
+    check_engine_source(cfg.target.path, cfg.target.tp_size, cfg.loss.distill_weight)
+    gpus = engine_gpus(target_device, cfg.target.engine_tp_size, drafter_device, torch.cuda.device_count(),
+                       os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return gpus, drafter_device
+
 # %% ../nbs/08h_trainer.ipynb #3291309a
 def build_run(cfg: TrainConfig,
               target: Optional[nn.Module] = None,   # an already built target; None = build it from cfg.target
@@ -214,7 +222,7 @@ def build_run(cfg: TrainConfig,
     locks = [] if locks is None else locks
     # ---- processes, devices, run dir ------------------------------------------------------------------------
     rank, world, lay, target_device, drafter_device, distributed = _rank_setup(cfg)
-    if cfg.target.source == "vllm": check_engine_source(cfg.target.path, cfg.target.tp_size, cfg.loss.distill_weight)
+    engine_at, target_device = _engine_devices(cfg, target_device, drafter_device)   # source=vllm: refusals first
     # ---- data first: bad data is refused before the run dir is touched (nothing written) ---------------------
     if not cfg.data_dir: raise ConfigError("data_dir is not set: point it at the output of `python -m dflash_nb.data`")
     tokenizer, samples, stream, data_id = _run_data(cfg)
@@ -258,7 +266,7 @@ def build_run(cfg: TrainConfig,
         dt = str(features.dtype).removeprefix("torch.")
         features = open_engine_features(cfg.target.path, drafter_cfg.target_layer_ids, dt, hooks=features,
                                         timeout=cfg.target.engine_timeout_s,
-                                        tensor_parallel_size=cfg.target.engine_tp_size)
+                                        tensor_parallel_size=cfg.target.engine_tp_size, cuda_visible_devices=engine_at)
         locks.append(features)
     return Run(cfg=cfg, log_prefix=log_prefix, rank=rank, world=world, layout=lay, distributed=distributed,
                target_device=target_device, drafter_device=drafter_device, accum=cfg.global_batch // world,
