@@ -95,7 +95,7 @@ def test_two_ranks_each_with_its_engine_lose_what_one_hooked_rank_loses(tmp_path
 
 def test_a_killed_run_resumes_exactly_and_leaves_no_worker(tmp_path, target_and_data):
     """SIGKILL after step 6 of 10 (its engine, split over two processes, follows its parent), resume=auto on an
-    unsplit engine: the hooks' 10 losses (1e-4)."""
+    unsplit engine: the hooks' 10 losses (1e-4), steps 1-5 from the split engine."""
     target_dir, data_dir = target_and_data
     run = {**RUN, "checkpoint": {"every": 5}}
     with intra_op_threads(SUBPROCESS_THREADS):
