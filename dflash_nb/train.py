@@ -155,10 +155,11 @@ def check_run(cfg: RunConfig):
                           "a split target does not regenerate inside a training run; "
                           f"run dflash-regen --engine vllm --tensor-parallel-size {n} and dflash-data first, "
                           "then train on train.data_dir")
-    if tc.target.source == "vllm" and (cfg.evaluate.num_samples or (rg.prompts and rg.engine == "hf")):
-        what = "evaluate.num_samples > 0" if cfg.evaluate.num_samples else "regenerate.engine=hf"
+    if tc.target.source == "vllm" and (cfg.evaluate.num_samples or rg.prompts):   # both run the target in process
+        what = "evaluate.num_samples > 0" if cfg.evaluate.num_samples else "regenerate.prompts"
         raise ConfigError(f"train.target.source=vllm with {what}: this process holds only the target's head; "
-                          "set evaluate.num_samples=0 (measure τ with dflash-eval) and regenerate.engine=vllm")
+                          "measure τ with dflash-eval (evaluate.num_samples=0); "
+                          "make the data first with dflash-regen --engine vllm and dflash-data")
     if rg.prompts and rg.prompts != "bundled" and not Path(rg.prompts).is_file():
         raise ConfigError(f"regenerate.prompts {rg.prompts}: no such file")
     if rg.prompts and rg.engine == "vllm":

@@ -41,9 +41,10 @@ def test_a_run_the_engine_cannot_serve_is_one_line_before_any_step(tmp_path, tar
         cfg = train_cfg(tmp_path / "run", data_dir, steps=2, target=target, loss=loss)
         with pytest.raises(ConfigError, match=says): train(cfg)
         assert not (tmp_path / "run" / "checkpoints").exists()
-    target_dir, _ = target_and_data   # τ and regeneration with the HF engine need the whole target in process
+    target_dir, _ = target_and_data   # τ and regeneration inside the run need the whole target in process
     for run, says in (({}, "with evaluate.num_samples > 0: this process holds only the target's head"),
-                      ({"evaluate": {"num_samples": 0}, "regenerate": {"prompts": "bundled"}}, "regenerate.engine=hf")):
+                      ({"evaluate": {"num_samples": 0}, "regenerate": {"prompts": "bundled", "engine": "vllm"}},
+                       "with regenerate.prompts: this process holds only the target's head")):
         cfg = from_dict(RunConfig, {"train": {"run_dir": str(tmp_path / "r"), "data_dir": str(data_dir),
                                               "target": {"source": "vllm", "path": str(target_dir)}}, **run})
         with pytest.raises(ConfigError, match=says): check_run(cfg)
