@@ -246,8 +246,8 @@ def build_run(cfg: TrainConfig,
     if cfg.init_from: drafter_cfg = warm_start_config(cfg.init_from, target, cfg.drafter, tokenizer)
     else: drafter_cfg = drafter_config(target, cfg.drafter, tokenizer)
     features = TargetFeatures(target, drafter_cfg.target_layer_ids, max_batch_tokens=cfg.target.max_batch_tokens)
-    paths = fast_paths(target)
-    if rank == 0 and cfg.target.source == "hooks":   # with vllm the engine runs the forward, with its own kernels
+    paths = fast_paths(target) if cfg.target.source == "hooks" else None   # vllm: the engine runs the forward
+    if rank == 0 and paths:
         print(f"{log_prefix}{fast_paths_line(paths)}", flush=True)
         (run_dir / "target_fast_paths.json").write_text(json.dumps(paths, indent=1) + "\n")
     drafter = build_drafter(drafter_cfg, features, drafter_device, cfg.seed)
